@@ -1,0 +1,197 @@
+"""Router adapters: save and load the routers alone (safetensors + JSON), and import the reference's checkpoints.
+
+An adapter folder holds ``elastic_config.json`` (the ElasticConfig and the shape of the model it was trained on)
+and ``router.safetensors`` (keys ``layers.{i}.task_mlp.*`` and ``layers.{i}.router_mlp.*``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save as safetensors_bytes
+from torch import nn
+
+from elastic_attention.config import ElasticConfig
+from elastic_attention.errors import AdapterMismatchError
+from elastic_attention.integration import attach, is_attached, routers_of
+from elastic_attention.integration.attach import runtime_of
+from elastic_attention.io import atomic_write_bytes, atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "elastic_config.json"
+WEIGHTS_FILE = "router.safetensors"
+ADAPTER_FORMAT_VERSION = 1
+
+#: The reference implementation's router modules: model.layers.{i}.self_attn.mask_allocator.<part>.<index>.<param>
+_REFERENCE_KEY = re.compile(
+    r"(?:^|\.)layers\.(\d+)\.self_attn\.mask_allocator\.(cls_feat_extractor|cls_router_head_agnostic)\.(\d+)\."
+    r"(weight|bias)$"
+)
+_REFERENCE_PARTS = {"cls_feat_extractor": "task_mlp", "cls_router_head_agnostic": "router_mlp"}
+
+
+def model_signature(model: nn.Module) -> dict[str, object]:
+    """The shape facts an adapter must agree with."""
+    config = model.config
+    num_heads = config.num_attention_heads
+    return {
+        "model_type": config.model_type,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+    }
+
+
+def save_router(model: nn.Module, path: str | Path) -> Path:
+    """Save the routers of an attached model as an adapter folder (files written atomically).
+
+    Returns:
+        The adapter folder.
+    """
+    path = Path(path)
+    tensors = {
+        f"layers.{index}.{name}": parameter.detach().to("cpu", torch.float32).contiguous()
+        for index, router in routers_of(model).items()
+        for name, parameter in router.state_dict().items()
+    }
+    atomic_write_bytes(path / WEIGHTS_FILE, safetensors_bytes(tensors, metadata={"format": "elastic-attention"}))
+    document = {
+        "format_version": ADAPTER_FORMAT_VERSION,
+        "elastic_config": runtime_of(model).config.to_dict(),
+        "model": model_signature(model),
+    }
+    atomic_write_text(path / CONFIG_FILE, json.dumps(document, indent=2, sort_keys=True))
+    return path
+
+
+def load_router(model: nn.Module, path: str | Path, *, backend: str = "auto") -> nn.Module:
+    """Load routers onto a model, attaching elastic attention first if needed.
+
+    ``path`` is an adapter folder written by `save_router`, or a safetensors file / folder of the reference
+    implementation holding ``model.layers.{i}.self_attn.mask_allocator.*`` weights.
+
+    If the model is already attached, its configuration stays (the adapter's routed layers and router width must
+    match); otherwise it is attached with the adapter's configuration.
+
+    Raises:
+        AdapterMismatchError: the adapter was made for another family or shape, or holds no router weights.
+        FileNotFoundError: nothing at ``path``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no router adapter at {path}")
+    if path.is_dir() and (path / CONFIG_FILE).exists():
+        config, tensors = _read_adapter(model, path)
+    else:
+        config, tensors = _read_reference(model, path)
+    if is_attached(model):
+        attached = runtime_of(model).config
+        for field in ("routed_layers", "router_width"):
+            if _routed(getattr(attached, field), model) != _routed(getattr(config, field), model):
+                raise AdapterMismatchError(
+                    f"adapter {field} {getattr(config, field)} does not match the attached model's "
+                    f"{getattr(attached, field)}; detach(model) and load again to use the adapter's configuration"
+                )
+    else:
+        attach(model, config, backend=backend)
+    _load_tensors(routers_of(model), tensors, source=path)
+    return model
+
+
+def _read_adapter(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str, torch.Tensor]]:
+    document = json.loads((path / CONFIG_FILE).read_text())
+    version = document.get("format_version")
+    if version != ADAPTER_FORMAT_VERSION:
+        raise AdapterMismatchError(
+            f"adapter format_version {version!r} at {path} is not supported (this release reads "
+            f"{ADAPTER_FORMAT_VERSION})"
+        )
+    saved, actual = document.get("model", {}), model_signature(model)
+    for field, expected in actual.items():
+        if saved.get(field) != expected:
+            raise AdapterMismatchError(
+                f"adapter at {path} was saved for {field}={saved.get(field)!r}, but this model has "
+                f"{field}={expected!r}"
+            )
+    config = ElasticConfig.from_dict(document["elastic_config"])
+    with safe_open(str(path / WEIGHTS_FILE), framework="pt") as file:
+        tensors = {name: file.get_tensor(name) for name in file.keys()}
+    return config, tensors
+
+
+def _read_reference(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str, torch.Tensor]]:
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files:
+        raise AdapterMismatchError(f"{path} holds neither an elastic adapter ({CONFIG_FILE}) nor safetensors files")
+    tensors, ignored = {}, []
+    for file_path in files:
+        with safe_open(str(file_path), framework="pt") as file:
+            for name in file.keys():
+                match = _REFERENCE_KEY.search(name)
+                if match:
+                    layer, part, index, kind = match.groups()
+                    tensors[f"layers.{layer}.{_REFERENCE_PARTS[part]}.{index}.{kind}"] = file.get_tensor(name)
+                elif ".mask_allocator." in name:
+                    ignored.append(name)
+    if not tensors:
+        raise AdapterMismatchError(
+            f"{path} holds no router weights: expected an elastic adapter folder or reference keys like "
+            "model.layers.0.self_attn.mask_allocator.cls_feat_extractor.0.weight"
+        )
+    if ignored:
+        logger.warning("ignored reference router tensors that have no counterpart here: %s", sorted(ignored))
+    layers = sorted({int(name.split(".")[1]) for name in tensors})
+    first = tensors[f"layers.{layers[0]}.task_mlp.0.weight"]
+    hidden, head_dim = first.shape
+    signature = model_signature(model)
+    if head_dim != signature["head_dim"]:
+        raise AdapterMismatchError(
+            f"reference routers at {path} have head_dim {head_dim}, but this model has head_dim "
+            f"{signature['head_dim']}"
+        )
+    if hidden % head_dim:
+        raise AdapterMismatchError(f"reference router hidden width {hidden} is not a multiple of head_dim {head_dim}")
+    if layers[-1] >= signature["num_hidden_layers"]:
+        raise AdapterMismatchError(
+            f"reference routers at {path} cover layers up to {layers[-1]}, but this model has "
+            f"{signature['num_hidden_layers']} layers"
+        )
+    routed = None if len(layers) == signature["num_hidden_layers"] else tuple(layers)
+    return ElasticConfig(router_width=hidden // head_dim, routed_layers=routed), tensors
+
+
+def _routed(value, model: nn.Module):
+    if value is None:
+        return tuple(range(model.config.num_hidden_layers))
+    return value
+
+
+def _load_tensors(routers: dict, tensors: dict[str, torch.Tensor], source: Path) -> None:
+    expected = {
+        f"layers.{index}.{name}": parameter
+        for index, router in routers.items()
+        for name, parameter in router.state_dict().items()
+    }
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise AdapterMismatchError(
+            f"router weights at {source} do not match the model's routers: missing {missing[:6]}"
+            f"{' ...' if len(missing) > 6 else ''}, unexpected {unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}"
+        )
+    for name, target in expected.items():
+        if tensors[name].shape != target.shape:
+            raise AdapterMismatchError(
+                f"router weight {name} at {source} has shape {list(tensors[name].shape)}, "
+                f"the model's router expects {list(target.shape)}"
+            )
+    with torch.no_grad():
+        for name, target in expected.items():
+            target.copy_(tensors[name])

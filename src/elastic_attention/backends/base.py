@@ -1,0 +1,43 @@
+"""The interface every attention backend implements."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from elastic_attention.patterns import BlockTables, SequenceLayout
+
+
+class AttentionBackend(Protocol):
+    """Computes one hybrid attention layer from block tables.
+
+    A backend knows nothing of routing, training or models: it receives the states, where the sequences are, and
+    which key blocks each query block attends.
+    """
+
+    name: str
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        layout: SequenceLayout,
+        tables: BlockTables,
+        scale: float,
+    ) -> torch.Tensor:
+        """Hybrid attention.
+
+        Args:
+            query: [B, Hq, S_q, D].
+            key: [B, Hkv, S_kv, D], not repeated for GQA (query head h reads KV head h // (Hq // Hkv)).
+            value: [B, Hkv, S_kv, D].
+            layout: where each sequence lives on the key axis.
+            tables: attended key blocks per (sequence, query head, query block).
+            scale: softmax scale applied to q.k.
+
+        Returns:
+            [B, Hq, S_q, D] in the dtype of ``query``; rows that belong to no sequence (padding) are zero.
+        """
+        ...

@@ -1,0 +1,155 @@
+"""`ElasticConfig`: what an Elastic Attention layer does, validated once on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elastic_attention.errors import ConfigError
+
+FORMAT_VERSION = 1
+
+#: Attention modes a head can run. ``full``: causal attention over every key. ``ssa``: streaming sparse attention,
+#: sink blocks plus a local window of blocks. ``xa``: XAttention, key blocks chosen per input by an antidiagonal
+#: estimate.
+MODES = ("full", "ssa", "xa")
+
+#: Configurations, written {mode of retrieval heads}-{mode of sparse heads} as in the paper.
+CONFIGURATIONS = {"fa-ssa": ("full", "ssa"), "fa-xa": ("full", "xa"), "xa-ssa": ("xa", "ssa")}
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """Configuration of Elastic Attention for one model.
+
+    Attributes:
+        configuration: ``"fa-ssa"`` (main), ``"fa-xa"`` or ``"xa-ssa"``: the mode of heads the router sends to
+            retrieval (class 1) and the mode of heads it sends to sparse attention (class 0).
+        block_size: tokens per block for queries and keys; every pattern is defined on blocks.
+        sink_tokens: SSA sink, the first tokens every query sees; a multiple of ``block_size`` (0 allowed).
+        local_tokens: SSA local window; a multiple of ``block_size``, at least one block (the diagonal one).
+        xa_stride: XAttention antidiagonal stride; divides ``block_size``.
+        xa_threshold: XAttention kept-mass threshold tau in (0, 1].
+        pool_first: number of leading prompt tokens the router pools.
+        pool_last: number of trailing prompt tokens the router pools.
+        router_width: hidden width multiplier of the router MLPs (hidden = router_width * head_dim).
+        routed_layers: indices of the decoder layers that carry a router; ``None`` routes every layer. Layers
+            without a router run full attention.
+    """
+
+    configuration: str = "fa-ssa"
+    block_size: int = 128
+    sink_tokens: int = 128
+    local_tokens: int = 2048
+    xa_stride: int = 16
+    xa_threshold: float = 0.9
+    pool_first: int = 100
+    pool_last: int = 100
+    router_width: int = 4
+    routed_layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.configuration not in CONFIGURATIONS:
+            raise ConfigError(
+                f"`configuration` must be one of {sorted(CONFIGURATIONS)}, got {self.configuration!r}"
+            )
+        _require_int("block_size", self.block_size, minimum=1)
+        _require_int("sink_tokens", self.sink_tokens, minimum=0)
+        _require_int("local_tokens", self.local_tokens, minimum=self.block_size)
+        for name in ("sink_tokens", "local_tokens"):
+            value = getattr(self, name)
+            if value % self.block_size:
+                raise ConfigError(
+                    f"`{name}` must be a multiple of `block_size` ({self.block_size}), got {value}; "
+                    f"use {max(self.block_size, value // self.block_size * self.block_size)} or change `block_size`"
+                )
+        _require_int("xa_stride", self.xa_stride, minimum=1)
+        if self.block_size % self.xa_stride:
+            raise ConfigError(
+                f"`xa_stride` must divide `block_size` ({self.block_size}), got {self.xa_stride}"
+            )
+        if isinstance(self.xa_threshold, bool) or not isinstance(self.xa_threshold, (int, float)):
+            raise ConfigError(f"`xa_threshold` must be a number in (0, 1], got {self.xa_threshold!r}")
+        if not 0.0 < float(self.xa_threshold) <= 1.0:
+            raise ConfigError(f"`xa_threshold` must be in (0, 1], got {self.xa_threshold}")
+        _require_int("pool_first", self.pool_first, minimum=0)
+        _require_int("pool_last", self.pool_last, minimum=0)
+        if self.pool_first + self.pool_last == 0:
+            raise ConfigError("`pool_first` + `pool_last` must be at least 1, got 0 + 0")
+        _require_int("router_width", self.router_width, minimum=1)
+        if self.routed_layers is not None:
+            layers = tuple(self.routed_layers)
+            for index in layers:
+                _require_int("routed_layers[*]", index, minimum=0)
+            if len(set(layers)) != len(layers) or not layers:
+                raise ConfigError(f"`routed_layers` must be a non-empty list of distinct indices, got {layers}")
+            object.__setattr__(self, "routed_layers", tuple(sorted(layers)))
+
+    @property
+    def retrieval_mode(self) -> str:
+        """Mode of heads routed to class 1 (``"full"`` or ``"xa"``)."""
+        return CONFIGURATIONS[self.configuration][0]
+
+    @property
+    def sparse_mode(self) -> str:
+        """Mode of heads routed to class 0 (``"ssa"`` or ``"xa"``)."""
+        return CONFIGURATIONS[self.configuration][1]
+
+    @property
+    def sink_blocks(self) -> int:
+        return self.sink_tokens // self.block_size
+
+    @property
+    def local_blocks(self) -> int:
+        return self.local_tokens // self.block_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form with a ``format_version`` key."""
+        data = dataclasses.asdict(self)
+        if data["routed_layers"] is not None:
+            data["routed_layers"] = list(data["routed_layers"])
+        return {"format_version": FORMAT_VERSION, **data}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ElasticConfig:
+        """Inverse of `to_dict`; unknown keys and other format versions are errors."""
+        data = dict(data)
+        version = data.pop("format_version", None)
+        if version != FORMAT_VERSION:
+            raise ConfigError(
+                f"elastic config format_version {version!r} is not supported (this release reads {FORMAT_VERSION})"
+            )
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown elastic config fields {unknown}; known fields are {sorted(known)}")
+        if data.get("routed_layers") is not None:
+            data["routed_layers"] = tuple(data["routed_layers"])
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ElasticConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"elastic config is not valid JSON: {error}") from error
+        if not isinstance(data, dict):
+            raise ConfigError(f"elastic config JSON must be an object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ElasticConfig:
+        return cls.from_json(Path(path).read_text())
+
+
+def _require_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"`{name}` must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"`{name}` must be at least {minimum}, got {value}")

@@ -1,0 +1,174 @@
+"""attach / detach elastic attention on a Hugging Face decoder, force routing, read the routing report."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+
+from elastic_attention.backends import get_backend
+from elastic_attention.config import ElasticConfig
+from elastic_attention.errors import ConfigError, InputError, UnsupportedModelError
+from elastic_attention.integration.families import attention_modules, decoder_of, family_of
+from elastic_attention.integration.report import RoutingReport
+from elastic_attention.integration.runtime import (
+    ATTENTION_NAME,
+    RUNTIME_ATTRIBUTE,
+    ElasticRuntime,
+    elastic_attention_forward,
+)
+from elastic_attention.router import AttentionRouter
+
+logger = logging.getLogger(__name__)
+
+ROUTER_ATTRIBUTE = "elastic_router"
+
+AttentionInterface.register(ATTENTION_NAME, elastic_attention_forward)
+
+
+def attach(model: nn.Module, config: ElasticConfig | None = None, *, backend: str = "auto") -> nn.Module:
+    """Attach Elastic Attention to a Hugging Face decoder, in place.
+
+    Adds one `AttentionRouter` per routed layer (as ``<attention module>.elastic_router``), freezes the backbone
+    (the routers are the only trainable parameters), and switches the model to the ``"elastic_attention"``
+    attention implementation.
+
+    Args:
+        model: a causal LM (or its base model) of a supported family.
+        config: the configuration; defaults to ``ElasticConfig()``.
+        backend: attention backend name (``"auto"``, ``"reference"``).
+
+    Returns:
+        The same model.
+
+    Raises:
+        UnsupportedModelError: the family is not supported, uses sliding windows, or is already attached.
+        ConfigError: ``routed_layers`` names layers the model does not have.
+        BackendUnavailableError: the backend cannot run here.
+    """
+    config = config or ElasticConfig()
+    if getattr(model, RUNTIME_ATTRIBUTE, None) is not None:
+        raise UnsupportedModelError("elastic attention is already attached to this model; call detach(model) first")
+    _, family = family_of(model)
+    decoder = decoder_of(model, family)
+    modules = attention_modules(decoder, family)
+    routed = config.routed_layers if config.routed_layers is not None else tuple(range(len(modules)))
+    if max(routed) >= len(modules):
+        raise ConfigError(f"`routed_layers` {list(routed)} names layers beyond the model's {len(modules)} layers")
+    if not model._can_set_attn_implementation():
+        raise UnsupportedModelError(f"{type(model).__name__} does not dispatch attention through AttentionInterface")
+
+    head_dim = modules[0].head_dim
+    num_kv_heads = model.config.num_key_value_heads
+    frozen = {name: parameter.requires_grad for name, parameter in model.named_parameters()}
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+
+    routers = {}
+    for index in routed:
+        reference = getattr(modules[index], family.key_source).weight
+        router = AttentionRouter(head_dim, config.router_width).to(reference.device).train(model.training)
+        modules[index].add_module(ROUTER_ATTRIBUTE, router)
+        routers[index] = router
+    runtime = ElasticRuntime(config, family, get_backend(backend), routers, num_kv_heads, head_dim)
+    runtime.previous_implementation = model.config._attn_implementation
+    runtime.requires_grad_before = frozen
+    handles = [
+        decoder.register_forward_pre_hook(runtime.before_decoder, with_kwargs=True),
+        decoder.register_forward_hook(runtime.after_decoder, with_kwargs=True),
+    ]
+    for index in routed:
+        source = getattr(modules[index], family.key_source)
+        handles.append(source.register_forward_hook(_key_hook(runtime, index)))
+    runtime.handles = handles
+    for module in modules:
+        object.__setattr__(module, RUNTIME_ATTRIBUTE, runtime)
+    object.__setattr__(model, RUNTIME_ATTRIBUTE, runtime)
+    model.set_attn_implementation(ATTENTION_NAME)
+    return model
+
+
+def detach(model: nn.Module) -> nn.Module:
+    """Remove elastic attention: routers, hooks, the attention implementation; restore ``requires_grad``."""
+    runtime = runtime_of(model)
+    _, family = family_of(model)
+    for module in attention_modules(decoder_of(model, family), family):
+        if hasattr(module, ROUTER_ATTRIBUTE):
+            delattr(module, ROUTER_ATTRIBUTE)
+        module.__dict__.pop(RUNTIME_ATTRIBUTE, None)
+    for handle in runtime.handles:
+        handle.remove()
+    model.__dict__.pop(RUNTIME_ATTRIBUTE, None)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(runtime.requires_grad_before.get(name, True))
+    model.set_attn_implementation(runtime.previous_implementation)
+    return model
+
+
+def runtime_of(model: nn.Module) -> ElasticRuntime:
+    """The runtime of an attached model.
+
+    Raises:
+        UnsupportedModelError: elastic attention is not attached.
+    """
+    runtime = getattr(model, RUNTIME_ATTRIBUTE, None)
+    if runtime is None:
+        raise UnsupportedModelError("elastic attention is not attached to this model; call attach(model, config)")
+    return runtime
+
+
+def is_attached(model: nn.Module) -> bool:
+    return getattr(model, RUNTIME_ATTRIBUTE, None) is not None
+
+
+def routers_of(model: nn.Module) -> dict[int, AttentionRouter]:
+    """Layer index -> router of an attached model."""
+    return dict(runtime_of(model).routers)
+
+
+def routing_report(model: nn.Module) -> RoutingReport:
+    """The routing report of the model's last prefill.
+
+    Raises:
+        InputError: no prefill has run since attach.
+    """
+    report = runtime_of(model).report
+    if report is None:
+        raise InputError("no routing report yet: run a forward pass (or generate) first")
+    return report
+
+
+def force_routing(model: nn.Module, routing: str | torch.Tensor | None) -> None:
+    """Override the routers, for baselines and tests.
+
+    Args:
+        routing: ``"full"`` (every routed head on retrieval attention), ``"sparse"`` (every routed head on sparse
+            attention), a [L, Hkv] bool tensor over the routed layers (True = retrieval), or None to use the
+            routers again.
+
+    Raises:
+        ConfigError: unknown string or wrong tensor shape.
+    """
+    runtime = runtime_of(model)
+    shape = (len(runtime.routed_layers), runtime.num_kv_heads)
+    if routing is None:
+        runtime.forced = None
+    elif isinstance(routing, str):
+        if routing not in ("full", "sparse"):
+            raise ConfigError(f"routing must be 'full', 'sparse', a bool tensor or None, got {routing!r}")
+        runtime.forced = torch.full(shape, routing == "full", dtype=torch.bool)
+    else:
+        if tuple(routing.shape) != shape:
+            raise ConfigError(
+                f"forced routing must have shape [routed layers, KV heads] = {list(shape)}, got {list(routing.shape)}"
+            )
+        runtime.forced = routing.to(torch.bool).cpu()
+
+
+def _key_hook(runtime: ElasticRuntime, layer_index: int):
+    def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        runtime.after_key_source(layer_index, output)
+
+    return hook

@@ -1,0 +1,246 @@
+"""Per-model state of elastic attention, and the attention function registered with transformers.
+
+The model's forward is untouched. Three hooks do the work:
+- before the decoder runs: read the padding mask / packing and the cache, and decide prefill or decode;
+- after each routed layer's key source (k_proj or k_norm): at prefill, pool the pre-RoPE keys and route;
+- the registered attention function: build block tables from the routing and call the backend.
+Routing is decided once per prefill and reused by every decode step that follows.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from elastic_attention.backends import AttentionBackend
+from elastic_attention.config import ElasticConfig
+from elastic_attention.errors import InputError
+from elastic_attention.integration.families import FamilySpec
+from elastic_attention.integration.report import RoutingReport
+from elastic_attention.patterns import (
+    FULL,
+    MODE_CODES,
+    SequenceLayout,
+    attended_pairs,
+    build_block_tables,
+    causal_pairs,
+)
+from elastic_attention.router import AttentionRouter, boundary_pool
+
+ATTENTION_NAME = "elastic_attention"
+RUNTIME_ATTRIBUTE = "_elastic_runtime"
+
+
+class ElasticRuntime:
+    """Everything elastic attention keeps for one attached model.
+
+    Args:
+        config: the attached configuration.
+        family: where the model keeps its layers and key states.
+        backend: computes hybrid attention from block tables.
+        routers: layer index -> router, for the routed layers.
+        num_kv_heads: Hkv.
+        head_dim: D.
+    """
+
+    def __init__(
+        self,
+        config: ElasticConfig,
+        family: FamilySpec,
+        backend: AttentionBackend,
+        routers: dict[int, AttentionRouter],
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
+        self.config = config
+        self.family = family
+        self.backend = backend
+        self.routers = routers
+        self.routed_layers = tuple(sorted(routers))
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.forced: torch.Tensor | None = None
+        self.generator: torch.Generator | None = None
+        self.layout: SequenceLayout | None = None
+        self.decisions: dict[int, torch.Tensor] = {}
+        self.pairs: dict[int, torch.Tensor] = {}
+        self.report: RoutingReport | None = None
+        self._decoder_signature: inspect.Signature | None = None
+        # What attach changed, so that detach can restore it.
+        self.previous_implementation: str | None = None
+        self.requires_grad_before: dict[str, bool] = {}
+        self.handles: list = []
+
+    # -- hooks ---------------------------------------------------------------------------------------------------
+
+    def before_decoder(self, decoder: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook of the decoder: derive the sequence layout and whether this is a prefill."""
+        if self._decoder_signature is None:
+            self._decoder_signature = inspect.signature(decoder.forward)
+        bound = self._decoder_signature.bind_partial(*args, **kwargs).arguments
+        inputs = bound.get("input_ids")
+        if inputs is None:
+            inputs = bound.get("inputs_embeds")
+        if inputs is None:
+            raise InputError("elastic attention needs input_ids or inputs_embeds")
+        batch_size, query_len = inputs.shape[0], inputs.shape[1]
+        cache = bound.get("past_key_values", bound.get("cache"))
+        past = int(cache.get_seq_length()) if cache is not None else 0
+        mask = bound.get("attention_mask")
+        position_ids = bound.get("position_ids")
+        if mask is not None:
+            if mask.ndim != 2 or mask.shape[1] != past + query_len or mask.shape[0] != batch_size:
+                raise InputError(
+                    f"attention_mask must be 2D [batch, past + new tokens] = [{batch_size}, {past + query_len}], "
+                    f"got shape {tuple(mask.shape)}"
+                )
+            layout = SequenceLayout.from_padding_mask(mask, query_len)
+        elif past == 0 and position_ids is not None:
+            layout = SequenceLayout.from_position_ids(position_ids.expand(batch_size, -1))
+        else:
+            layout = SequenceLayout.dense(batch_size, past + query_len, query_len)
+        if not layout.is_prefill:
+            if not self.decisions:
+                raise InputError("a decode step arrived before any prefill; run the prompt through the model first")
+            routed = next(iter(self.decisions.values()))
+            if routed.shape[0] != layout.num_sequences:
+                raise InputError(
+                    f"this decode step has {layout.num_sequences} sequences but the prefill routed "
+                    f"{routed.shape[0]}; elastic attention does not support reordering or resizing the batch "
+                    "between prefill and decode (beam search, dropping finished rows)"
+                )
+        else:
+            self.decisions = {}
+            self.pairs = {}
+        self.layout = layout
+
+    def after_key_source(self, layer_index: int, output: torch.Tensor) -> None:
+        """Forward hook of a routed layer's key source: route at prefill (once per forward)."""
+        layout = self.layout
+        if layout is None or not layout.is_prefill or layer_index in self.decisions:
+            return
+        keys = output if self.family.key_source_has_heads else output.unflatten(-1, (-1, self.head_dim))
+        if self.forced is not None:
+            z = self.forced[self.routed_layers.index(layer_index)].to(keys.device, torch.float32)
+            z = z.expand(layout.num_sequences, -1)
+        else:
+            pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last)
+            z = self.routers[layer_index](pooled, generator=self.generator)
+        self.decisions[layer_index] = z
+
+    def after_decoder(self, decoder: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        """Forward hook of the decoder: publish the routing report of a prefill."""
+        layout = self.layout
+        if layout is None or not layout.is_prefill or not self.decisions:
+            return
+        z = torch.stack([self.decisions[index] for index in self.routed_layers], dim=1)
+        esr = torch.stack([self.pairs[index] for index in self.routed_layers], dim=1)
+        self.report = RoutingReport(
+            layers=self.routed_layers,
+            rows=layout.row.clone(),
+            z=z,
+            msr=1.0 - z.mean(dim=(1, 2)),
+            esr_per_layer=esr,
+        )
+
+    # -- attention -----------------------------------------------------------------------------------------------
+
+    def attention(
+        self,
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        scaling: float | None,
+    ) -> torch.Tensor:
+        """Hybrid attention of one layer: [B, Hq, S_q, D] in, [B, Hq, S_q, D] out."""
+        layout = self.layout
+        if layout is None or key.shape[2] != layout.kv_len or query.shape[2] != layout.query_len:
+            raise InputError(
+                "elastic attention saw keys/queries that do not match this forward's inputs; "
+                "was the model called through its decoder?"
+            )
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        layer_index = module.layer_idx
+        z = self.decisions.get(layer_index)
+        if z is None:
+            modes = torch.full((layout.num_sequences, key.shape[1]), FULL, dtype=torch.long, device=query.device)
+            return self._attend(query, key, value, modes, scale, layer_index)
+        retrieval = MODE_CODES[self.config.retrieval_mode]
+        sparse = MODE_CODES[self.config.sparse_mode]
+        chosen = torch.where(z.detach() > 0.5, retrieval, sparse).long()
+        if not (z.requires_grad and torch.is_grad_enabled()):
+            return self._attend(query, key, value, chosen, scale, layer_index)
+        # Training: every head computes both outputs; the straight-through z mixes them and carries the gradient.
+        tables_retrieval = self._tables(torch.full_like(chosen, retrieval), query, key, scale)
+        tables_sparse = self._tables(torch.full_like(chosen, sparse), query, key, scale)
+        if layout.is_prefill:
+            group = query.shape[1] // key.shape[1]
+            is_retrieval = (chosen == retrieval).repeat_interleave(group, dim=1).cpu()
+            per_head = torch.where(is_retrieval, self._head_sparsity(tables_retrieval), self._head_sparsity(tables_sparse))
+            self.pairs[layer_index] = per_head.mean(dim=1).float()
+        out_retrieval = self.backend.attend(query, key, value, layout, tables_retrieval, scale)
+        out_sparse = self.backend.attend(query, key, value, layout, tables_sparse, scale)
+        weight = self._per_row_weight(z, query)
+        return weight * out_retrieval + (1.0 - weight) * out_sparse
+
+    def _tables(self, modes: torch.Tensor, query: torch.Tensor, key: torch.Tensor, scale: float):
+        return build_block_tables(self.layout, modes, self.config, query.shape[1], query=query, key=key, scale=scale)
+
+    def _attend(self, query, key, value, modes, scale, layer_index: int) -> torch.Tensor:
+        tables = self._tables(modes, query, key, scale)
+        if self.layout.is_prefill:
+            self.pairs[layer_index] = self._head_sparsity(tables).mean(dim=1).float()
+        return self.backend.attend(query, key, value, self.layout, tables, scale)
+
+    def _head_sparsity(self, tables) -> torch.Tensor:
+        """[N, Hq] float64: 1 - attended causal pairs / all causal pairs."""
+        attended = attended_pairs(tables, self.layout).double()
+        return 1.0 - attended / causal_pairs(self.layout)[:, None].double()
+
+    def _per_row_weight(self, z: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """[N, Hkv] decisions spread to [B, Hq, S_q, 1] over each sequence's query rows."""
+        batch, num_query_heads, query_len, _ = query.shape
+        group = num_query_heads // z.shape[1]
+        per_head = z.repeat_interleave(group, dim=1).to(query.dtype)
+        weight = query.new_zeros(batch, num_query_heads, query_len, 1)
+        for n, (row, _, _, first_row, count) in enumerate(self.layout.spans()):
+            weight[row, :, first_row : first_row + count] = per_head[n][:, None, None]
+        return weight
+
+
+def elastic_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The function registered with transformers' AttentionInterface under ``"elastic_attention"``.
+
+    Padding reaches elastic attention through the decoder pre-hook (the 2D mask), not through ``attention_mask``.
+
+    Returns:
+        ([B, S_q, Hq, D], None).
+    """
+    runtime: ElasticRuntime | None = getattr(module, RUNTIME_ATTRIBUTE, None)
+    if runtime is None:
+        raise InputError(
+            f"attention implementation {ATTENTION_NAME!r} is set on a model that is not attached; "
+            "call elastic_attention.attach(model, config)"
+        )
+    if dropout and module.training:
+        raise InputError(
+            f"attention dropout ({dropout}) is not supported by elastic attention; set config.attention_dropout=0"
+        )
+    if sliding_window is not None:
+        raise InputError(f"sliding-window attention (window {sliding_window}) is not supported by elastic attention")
+    output = runtime.attention(module, query, key, value, scaling)
+    return output.transpose(1, 2).contiguous(), None

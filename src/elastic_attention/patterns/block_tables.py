@@ -1,0 +1,222 @@
+"""Block tables: for each (sequence, query head, query block), the key blocks it attends.
+
+This is the one representation of a routed layer that every backend consumes. It is built from block-level rules
+(full, SSA) or a block-level selection (XA) and never allocates anything of size S x S. Inside an attended block the
+rule is always causal at token level (key position <= query position).
+
+SSA at block granularity: query block b sees key blocks [0, sink_blocks) and (b - local_blocks, b].
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from elastic_attention.config import ElasticConfig
+from elastic_attention.errors import InputError
+from elastic_attention.patterns.layout import SequenceLayout
+from elastic_attention.patterns.xattention import xattention_block_mask
+
+#: Integer codes of attention modes in head-mode tensors.
+FULL, SSA, XA = 0, 1, 2
+MODE_CODES = {"full": FULL, "ssa": SSA, "xa": XA}
+
+
+class BlockTables(NamedTuple):
+    """Key blocks attended per (sequence, query head, query block).
+
+    Attributes:
+        kv_block_count: [N, Hq, R] int32, number of key blocks attended by row r.
+        kv_block_index: [N, Hq, R, K] int32, the attended key blocks in ascending order; entries at positions
+            >= the count are -1.
+        first_query_block: [N] int64, logical block index of row 0 of sequence n (0 at prefill).
+        num_rows: [N] int64, rows of sequence n that hold queries of this forward (rows beyond are empty).
+        block_size: tokens per block.
+    """
+
+    kv_block_count: torch.Tensor
+    kv_block_index: torch.Tensor
+    first_query_block: torch.Tensor
+    num_rows: torch.Tensor
+    block_size: int
+
+
+def causal_block_mask(query_blocks: torch.Tensor, num_key_blocks: int) -> torch.Tensor:
+    """Full causal attention at block level.
+
+    Args:
+        query_blocks: [R] int64 logical query block indices.
+        num_key_blocks: Kb, number of key blocks of the sequence.
+
+    Returns:
+        [R, Kb] bool, True where key block kb <= query block.
+    """
+    key_blocks = torch.arange(num_key_blocks, device=query_blocks.device)
+    return key_blocks[None, :] <= query_blocks[:, None]
+
+
+def streaming_block_mask(
+    query_blocks: torch.Tensor, num_key_blocks: int, sink_blocks: int, local_blocks: int
+) -> torch.Tensor:
+    """SSA at block level: sink blocks [0, sink_blocks) plus the local window (b - local_blocks, b].
+
+    Returns:
+        [R, Kb] bool.
+    """
+    key_blocks = torch.arange(num_key_blocks, device=query_blocks.device)[None, :]
+    rows = query_blocks[:, None]
+    causal = key_blocks <= rows
+    sink = key_blocks < sink_blocks
+    local = key_blocks > rows - local_blocks
+    return causal & (sink | local)
+
+
+def tables_from_block_masks(
+    masks: list[torch.Tensor], first_query_block: torch.Tensor, block_size: int
+) -> BlockTables:
+    """Pack per-sequence block masks into padded block tables.
+
+    Args:
+        masks: one [Hq, R_n, Kb_n] bool block mask per sequence (all with the same Hq, on one device).
+        first_query_block: [N] int64, logical block of row 0 of each sequence.
+        block_size: tokens per block.
+    """
+    num_heads = masks[0].shape[0]
+    device = masks[0].device
+    max_rows = max(mask.shape[1] for mask in masks)
+    counts = [mask.sum(dim=-1) for mask in masks]
+    max_blocks = max(1, max(int(count.max()) if count.numel() else 0 for count in counts))
+    kv_block_count = torch.zeros(len(masks), num_heads, max_rows, dtype=torch.int32, device=device)
+    kv_block_index = torch.full(
+        (len(masks), num_heads, max_rows, max_blocks), -1, dtype=torch.int32, device=device
+    )
+    for n, (mask, count) in enumerate(zip(masks, counts)):
+        rows = mask.shape[1]
+        kv_block_count[n, :, :rows] = count.to(torch.int32)
+        order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)[..., :max_blocks]
+        width = order.shape[-1]
+        position = torch.arange(width, device=device)
+        index = torch.where(position < count[..., None], order, -1)
+        kv_block_index[n, :, :rows, :width] = index.to(torch.int32)
+    return BlockTables(
+        kv_block_count=kv_block_count,
+        kv_block_index=kv_block_index,
+        first_query_block=first_query_block.to(torch.int64),
+        num_rows=torch.tensor([mask.shape[1] for mask in masks], dtype=torch.int64),
+        block_size=block_size,
+    )
+
+
+def block_mask_from_tables(tables: BlockTables, sequence: int, num_key_blocks: int) -> torch.Tensor:
+    """Inverse of `tables_from_block_masks` for one sequence: [Hq, R_n, Kb] bool."""
+    rows = int(tables.num_rows[sequence])
+    index = tables.kv_block_index[sequence, :, :rows].long()
+    mask = torch.zeros(*index.shape[:2], num_key_blocks + 1, dtype=torch.bool, device=index.device)
+    mask.scatter_(-1, torch.where(index < 0, num_key_blocks, index), True)
+    return mask[..., :num_key_blocks]
+
+
+def build_block_tables(
+    layout: SequenceLayout,
+    head_modes: torch.Tensor,
+    config: ElasticConfig,
+    num_query_heads: int,
+    *,
+    query: torch.Tensor | None = None,
+    key: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> BlockTables:
+    """Block tables of one routed layer.
+
+    Args:
+        layout: the sequences of this forward.
+        head_modes: [N, Hkv] int codes (`FULL`, `SSA`, `XA`), the mode of each KV head of each sequence; every
+            query head of a GQA group follows its KV head.
+        config: block size, SSA sizes, XA stride and threshold.
+        num_query_heads: Hq, a multiple of Hkv.
+        query: [B, Hq, S_q, D] query states; needed only when some head is on XA at prefill.
+        key: [B, Hkv, S_kv, D] key states; same condition.
+        scale: attention scale for the XA estimate (default 1/sqrt(D)).
+
+    Returns:
+        Tables on the device of ``head_modes``. At decode (queries with a cached past) XA heads attend every key:
+        the XA estimate is a prefill method.
+
+    Raises:
+        InputError: shapes disagree, or XA heads need query/key states that were not given.
+    """
+    num_sequences, num_kv_heads = head_modes.shape
+    if num_sequences != layout.num_sequences:
+        raise InputError(f"head_modes has {num_sequences} sequences, the layout {layout.num_sequences}")
+    if num_query_heads % num_kv_heads:
+        raise InputError(f"query heads ({num_query_heads}) must be a multiple of KV heads ({num_kv_heads})")
+    group = num_query_heads // num_kv_heads
+    modes = head_modes.repeat_interleave(group, dim=1)
+    device = head_modes.device
+    size = config.block_size
+    masks, first_blocks = [], []
+    for n, ((row, start, length, first_row, count), (first_pos, _)) in enumerate(
+        zip(layout.spans(), layout.query_positions())
+    ):
+        first_block = first_pos // size
+        query_blocks = torch.arange(first_block, (length - 1) // size + 1, device=device)
+        num_key_blocks = (length - 1) // size + 1
+        full = causal_block_mask(query_blocks, num_key_blocks)
+        ssa = streaming_block_mask(query_blocks, num_key_blocks, config.sink_blocks, config.local_blocks)
+        mode = modes[n][:, None, None]
+        mask = torch.where(mode == SSA, ssa, full).clone()
+        xa_heads = (modes[n] == XA).nonzero().flatten()
+        if layout.is_prefill and xa_heads.numel():
+            if query is None or key is None:
+                raise InputError("heads on XA need the query and key states to estimate their blocks")
+            sequence_query = query[row, xa_heads, first_row : first_row + count]
+            sequence_key = key[row, xa_heads // group, start : start + length]
+            mask[xa_heads] = xattention_block_mask(
+                sequence_query,
+                sequence_key,
+                block_size=size,
+                stride=config.xa_stride,
+                threshold=config.xa_threshold,
+                scale=scale,
+            ).to(device)
+        masks.append(mask)
+        first_blocks.append(first_block)
+    return tables_from_block_masks(masks, torch.tensor(first_blocks, dtype=torch.int64), size)
+
+
+def attended_pairs(tables: BlockTables, layout: SequenceLayout) -> torch.Tensor:
+    """Causal (query, key) pairs each head attends over the queries of this forward.
+
+    Returns:
+        [N, Hq] int64.
+    """
+    size = tables.block_size
+    result = torch.zeros(tables.kv_block_count.shape[:2], dtype=torch.int64)
+    for n, (first_pos, count) in enumerate(layout.query_positions()):
+        rows = int(tables.num_rows[n])
+        end = first_pos + count
+        blocks = int(tables.first_query_block[n]) + torch.arange(rows)
+        lo = torch.clamp(blocks * size, min=first_pos)
+        hi = torch.clamp((blocks + 1) * size, max=end)
+        queries = (hi - lo).clamp(min=0)
+        index = tables.kv_block_index[n, :, :rows].long().cpu()
+        block_count = tables.kv_block_count[n, :, :rows].long().cpu()
+        diagonal = (index == blocks[None, :, None]).any(dim=-1)
+        off_diagonal = block_count - diagonal.long()
+        base = blocks * size
+        triangle = _triangular(hi - base) - _triangular(lo - base)
+        per_row = queries * size * off_diagonal + diagonal.long() * triangle
+        result[n] = per_row.sum(dim=-1)
+    return result
+
+
+def causal_pairs(layout: SequenceLayout) -> torch.Tensor:
+    """All causal (query, key) pairs over the queries of this forward: [N] int64."""
+    totals = [_triangular(torch.tensor(first + count)) - _triangular(torch.tensor(first))
+              for first, count in layout.query_positions()]
+    return torch.stack(totals).to(torch.int64)
+
+
+def _triangular(n: torch.Tensor) -> torch.Tensor:
+    return n * (n + 1) // 2

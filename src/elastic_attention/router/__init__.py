@@ -1,0 +1,7 @@
+"""The Attention Router, its pooling and its straight-through sampling. Torch only."""
+
+from elastic_attention.router.pooling import boundary_pool
+from elastic_attention.router.router import AttentionRouter
+from elastic_attention.router.sampling import gumbel_noise, straight_through_decision
+
+__all__ = ["AttentionRouter", "boundary_pool", "gumbel_noise", "straight_through_decision"]

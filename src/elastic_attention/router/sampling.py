@@ -1,0 +1,33 @@
+"""Straight-through hard Gumbel-softmax over the router's two classes."""
+
+from __future__ import annotations
+
+import torch
+
+
+def gumbel_noise(shape: torch.Size, *, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Standard Gumbel(0, 1) samples in float32."""
+    uniform = torch.rand(shape, device=device, generator=generator, dtype=torch.float32)
+    tiny = torch.finfo(torch.float32).tiny
+    exponential = -torch.log(uniform.clamp(min=tiny))
+    return -torch.log(exponential.clamp(min=tiny))
+
+
+def straight_through_decision(
+    logits: torch.Tensor, temperature: float, noise: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Hard decision forward, softmax gradient backward.
+
+    Args:
+        logits: [..., 2] router logits; class 1 means full attention.
+        temperature: softmax temperature; it scales the gradient only (the forward is a hard argmax).
+        noise: [..., 2] Gumbel noise added to the logits, or None for a noiseless decision.
+
+    Returns:
+        [...] float, exactly 1.0 (full attention) or 0.0 (sparse) in the forward pass, whose gradient is that of
+        softmax((logits + noise) / temperature)[..., 1].
+    """
+    perturbed = logits.float() if noise is None else logits.float() + noise
+    soft = torch.softmax(perturbed / temperature, dim=-1)[..., 1]
+    hard = (perturbed[..., 1] > perturbed[..., 0]).to(soft.dtype)
+    return hard + (soft - soft.detach())
