@@ -1,0 +1,76 @@
+"""Shared factories: tiny random Hugging Face models of every supported family, and brute-force mask oracles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+FAMILY_NAMES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def tiny_model(family: str, *, layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int = 16, seed: int = 0):
+    """A tiny random causal LM of ``family`` in float32, eval mode."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    common = dict(
+        vocab_size=97,
+        hidden_size=heads * head_dim,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=1024,
+        pad_token_id=0,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
+    classes = {
+        "llama": (LlamaConfig, LlamaForCausalLM, {}),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"use_sliding_window": False}),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"use_sliding_window": False}),
+        "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
+    }
+    config_class, model_class, extra = classes[family]
+    torch.manual_seed(seed)
+    model = model_class(config_class(**common, **extra))
+    return model.eval()
+
+
+def token_mask(length: int, block_size: int, mode: str, sink_blocks: int = 0, local_blocks: int = 1) -> torch.Tensor:
+    """Brute-force [L, L] bool mask of one head, written token by token from the rule in SPEC section 2."""
+    mask = torch.zeros(length, length, dtype=torch.bool)
+    for q in range(length):
+        for k in range(q + 1):
+            qb, kb = q // block_size, k // block_size
+            if mode == "full":
+                mask[q, k] = True
+            elif mode == "ssa":
+                mask[q, k] = kb < sink_blocks or kb > qb - local_blocks
+            else:
+                raise ValueError(mode)
+    return mask
+
+
+def masked_attention_float64(query, key, value, mask, scale):
+    """Oracle: softmax attention in float64 with an explicit [Hq, Lq, Lk] mask. query [Hq, Lq, D], key [Hkv, Lk, D]."""
+    group = query.shape[0] // key.shape[0]
+    key = key.double().repeat_interleave(group, dim=0)
+    value = value.double().repeat_interleave(group, dim=0)
+    scores = query.double() @ key.transpose(-1, -2) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ value
+
+
+@pytest.fixture(params=FAMILY_NAMES)
+def family(request):
+    return request.param
