@@ -1,0 +1,76 @@
+"""The Attention Router: shape, initialisation, straight-through sampling, boundary pooling."""
+
+import torch
+
+from elastic_attention.patterns import SequenceLayout
+from elastic_attention.router import AttentionRouter, boundary_pool, gumbel_noise, straight_through_decision
+
+
+def test_router_size_and_initial_sparsity():
+    router = AttentionRouter(head_dim=128, width=4)
+    assert sum(p.numel() for p in router.parameters()) == 263_682  # about 0.26M per layer at head_dim 128
+    torch.manual_seed(0)
+    fractions = []
+    for seed in range(40):
+        torch.manual_seed(seed)
+        router.reset_parameters()
+        router.eval()
+        fractions.append(router(torch.randn(64, 8, 128)).mean())
+    # Across random initialisations the fraction of heads sent to full attention is about one half.
+    assert 0.35 < torch.stack(fractions).mean() < 0.65
+
+
+def test_eval_mode_is_a_deterministic_argmax():
+    router = AttentionRouter(head_dim=16).eval()
+    pooled = torch.randn(5, 3, 16)
+    logits = router.logits(pooled)
+    decision = router(pooled)
+    assert torch.equal(decision, (logits.argmax(-1) == 1).float())
+    assert torch.equal(decision, router(pooled))
+
+
+def test_straight_through_forward_is_one_hot_and_backward_is_the_softmax_gradient():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 4, 2, requires_grad=True)
+    noise = gumbel_noise(logits.shape, device=logits.device)
+    temperature = 1.7
+    z = straight_through_decision(logits, temperature, noise)
+    expected_hard = ((logits + noise).argmax(-1) == 1).float()
+    assert torch.equal(z.detach(), expected_hard)
+    assert set(z.detach().unique().tolist()) <= {0.0, 1.0}
+    upstream = torch.randn(6, 4)
+    (gradient,) = torch.autograd.grad(z, logits, upstream)
+    reference_logits = logits.detach().clone().requires_grad_(True)
+    soft = torch.softmax((reference_logits + noise) / temperature, dim=-1)[..., 1]
+    (expected,) = torch.autograd.grad(soft, reference_logits, upstream)
+    torch.testing.assert_close(gradient, expected)
+
+
+def test_training_mode_samples_with_the_generator():
+    router = AttentionRouter(head_dim=8).train()
+    pooled = torch.randn(200, 2, 8)
+    first = router(pooled, generator=torch.Generator().manual_seed(3))
+    again = router(pooled, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(first, again)
+    assert 0.3 < first.mean() < 0.7  # near-zero logits: Gumbel noise decides
+
+
+def test_boundary_pool_per_sequence():
+    keys = torch.randn(2, 30, 3, 4)
+    mask = torch.zeros(2, 30, dtype=torch.bool)
+    mask[0] = True
+    mask[1, 23:] = True  # a left-padded prompt of 7 tokens, shorter than the 5 + 4 pooling window
+    layout = SequenceLayout.from_padding_mask(mask)
+    pooled = boundary_pool(keys, layout, first=5, last=4)
+    expected_first = torch.cat([keys[0, :5], keys[0, 26:]]).mean(0)
+    torch.testing.assert_close(pooled[0], expected_first)
+    # The short prompt pools every token it has, and never a pad token.
+    torch.testing.assert_close(pooled[1], keys[1, 23:].mean(0))
+
+
+def test_boundary_pool_packed_sequences_never_mix():
+    keys = torch.randn(1, 9, 2, 4)
+    layout = SequenceLayout.from_position_ids(torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]]))
+    pooled = boundary_pool(keys, layout, first=1, last=1)
+    torch.testing.assert_close(pooled[0], keys[0, [0, 3]].mean(0))
+    torch.testing.assert_close(pooled[1], keys[0, [4, 8]].mean(0))
