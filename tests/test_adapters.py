@@ -1,0 +1,143 @@
+"""Router adapters: round trip, import of the reference implementation's checkpoints, refusals."""
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_model
+from safetensors.torch import save_file
+
+import elastic_attention as ea
+from elastic_attention import AdapterMismatchError, ElasticConfig
+
+CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4, pool_first=6, pool_last=6)
+
+
+def router_state(model):
+    return {f"{i}.{k}": v.clone() for i, r in ea.routers_of(model).items() for k, v in r.state_dict().items()}
+
+
+def test_round_trip_restores_routers_and_routing(tmp_path):
+    model = ea.attach(tiny_model("qwen3"), CONFIG)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.normal_()
+    ids = torch.randint(1, 97, (2, 33))
+    with torch.no_grad():
+        model(ids)
+    expected = ea.routing_report(model).decisions
+    ea.save_router(model, tmp_path / "adapter")
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == ["elastic_config.json", "router.safetensors"]
+    fresh = tiny_model("qwen3")
+    ea.load_router(fresh, tmp_path / "adapter")
+    assert ea.integration.runtime_of(fresh).config == CONFIG
+    for name, value in router_state(model).items():
+        torch.testing.assert_close(router_state(fresh)[name], value)
+    with torch.no_grad():
+        fresh(ids)
+    assert torch.equal(ea.routing_report(fresh).decisions, expected)
+
+
+def test_loading_onto_an_attached_model_keeps_its_inference_settings(tmp_path):
+    model = ea.attach(tiny_model("llama"), CONFIG)
+    ea.save_router(model, tmp_path)
+    other = ElasticConfig(block_size=8, sink_tokens=0, local_tokens=8, xa_stride=4)
+    target = ea.attach(tiny_model("llama"), other)
+    ea.load_router(target, tmp_path)
+    assert ea.integration.runtime_of(target).config == other
+    narrower = ea.attach(tiny_model("llama"), ElasticConfig(block_size=8, sink_tokens=8, local_tokens=8, xa_stride=4,
+                                                            router_width=2))
+    with pytest.raises(AdapterMismatchError, match="router_width"):
+        ea.load_router(narrower, tmp_path)
+
+
+def test_adapter_for_another_shape_or_family_is_refused(tmp_path):
+    ea.save_router(ea.attach(tiny_model("llama", head_dim=16), CONFIG), tmp_path)
+    with pytest.raises(AdapterMismatchError, match="head_dim=16.*head_dim=32"):
+        ea.load_router(tiny_model("llama", head_dim=32), tmp_path)
+    with pytest.raises(AdapterMismatchError, match="model_type='llama'.*model_type='qwen2'"):
+        ea.load_router(tiny_model("qwen2"), tmp_path)
+    with pytest.raises(AdapterMismatchError, match="num_hidden_layers"):
+        ea.load_router(tiny_model("llama", layers=3), tmp_path)
+    document = json.loads((tmp_path / "elastic_config.json").read_text())
+    document["format_version"] = 7
+    (tmp_path / "elastic_config.json").write_text(json.dumps(document))
+    with pytest.raises(AdapterMismatchError, match="format_version 7"):
+        ea.load_router(tiny_model("llama"), tmp_path)
+    with pytest.raises(FileNotFoundError):
+        ea.load_router(tiny_model("llama"), tmp_path / "nothing")
+
+
+def reference_state_dict(layers, head_dim, width=4, seed=0):
+    """Router weights in the naming of the authors' reference implementation, plus backbone tensors around them."""
+    generator = torch.Generator().manual_seed(seed)
+    hidden = width * head_dim
+    shapes = {
+        "cls_feat_extractor.0": (hidden, head_dim),
+        "cls_feat_extractor.2": (head_dim, hidden),
+        "cls_router_head_agnostic.0": (hidden, head_dim),
+        "cls_router_head_agnostic.2": (head_dim, hidden),
+        "cls_router_head_agnostic.4": (2, head_dim),
+    }
+    state = {"model.embed_tokens.weight": torch.randn(97, 64, generator=generator)}
+    for layer in layers:
+        prefix = f"model.layers.{layer}.self_attn.mask_allocator"
+        for part, shape in shapes.items():
+            state[f"{prefix}.{part}.weight"] = torch.randn(shape, generator=generator)
+            state[f"{prefix}.{part}.bias"] = torch.randn(shape[0], generator=generator)
+        state[f"model.layers.{layer}.self_attn.k_proj.weight"] = torch.randn(32, 64, generator=generator)
+    return state
+
+
+def test_reference_checkpoint_import(tmp_path):
+    state = reference_state_dict([0, 1], head_dim=16)
+    save_file(state, tmp_path / "model.safetensors")
+    model = tiny_model("llama")
+    ea.load_router(model, tmp_path / "model.safetensors")
+    routers = ea.routers_of(model)
+    torch.testing.assert_close(
+        routers[1].task_mlp[2].weight, state["model.layers.1.self_attn.mask_allocator.cls_feat_extractor.2.weight"]
+    )
+    torch.testing.assert_close(
+        routers[0].router_mlp[4].bias,
+        state["model.layers.0.self_attn.mask_allocator.cls_router_head_agnostic.4.bias"],
+    )
+    # Class 1 means full attention in both implementations: the same logits give the same decision.
+    pooled = torch.randn(3, 2, 16)
+    prefix = "model.layers.0.self_attn.mask_allocator"
+    features = torch.nn.functional.linear(pooled, state[f"{prefix}.cls_feat_extractor.0.weight"],
+                                          state[f"{prefix}.cls_feat_extractor.0.bias"])
+    features = torch.nn.functional.linear(torch.nn.functional.silu(features),
+                                          state[f"{prefix}.cls_feat_extractor.2.weight"],
+                                          state[f"{prefix}.cls_feat_extractor.2.bias"])
+    hidden = features
+    for index in (0, 2, 4):
+        hidden = torch.nn.functional.linear(hidden, state[f"{prefix}.cls_router_head_agnostic.{index}.weight"],
+                                            state[f"{prefix}.cls_router_head_agnostic.{index}.bias"])
+        if index != 4:
+            hidden = torch.nn.functional.silu(hidden)
+    routers[0].eval()
+    assert torch.equal(routers[0](pooled), (hidden.argmax(-1) == 1).float())
+
+
+def test_reference_checkpoint_of_a_subset_of_layers_in_shards(tmp_path):
+    state = reference_state_dict([1], head_dim=16, width=2)
+    save_file({k: v for k, v in state.items() if "feat" in k}, tmp_path / "model-00001-of-00002.safetensors")
+    save_file({k: v for k, v in state.items() if "feat" not in k}, tmp_path / "model-00002-of-00002.safetensors")
+    model = tiny_model("llama")
+    ea.load_router(model, tmp_path)
+    config = ea.integration.runtime_of(model).config
+    assert config.routed_layers == (1,) and config.router_width == 2
+
+
+def test_reference_checkpoint_refusals(tmp_path):
+    save_file(reference_state_dict([0, 1], head_dim=32), tmp_path / "wide.safetensors")
+    with pytest.raises(AdapterMismatchError, match="head_dim 32, but this model has head_dim 16"):
+        ea.load_router(tiny_model("llama"), tmp_path / "wide.safetensors")
+    save_file(reference_state_dict([0, 5], head_dim=16), tmp_path / "deep.safetensors")
+    with pytest.raises(AdapterMismatchError, match="layers up to 5"):
+        ea.load_router(tiny_model("llama"), tmp_path / "deep.safetensors")
+    save_file({"model.embed_tokens.weight": torch.zeros(2, 2)}, tmp_path / "plain.safetensors")
+    with pytest.raises(AdapterMismatchError, match="no router weights"):
+        ea.load_router(tiny_model("llama"), tmp_path / "plain.safetensors")
