@@ -1,0 +1,29 @@
+# make demo  -- run the embedded default job (sets up .venv on first use)
+# make test  -- run the test suite on CPU (sets up .venv on first use)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch is installed first and only when the venv has none: a bare `torch` requirement would pull a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup demo test test-gpu clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/elastic-attention demo
+
+test: setup
+	$(PY) -m pytest -q -m "not gpu"
+
+test-gpu:
+	python3 -m pytest -q -m gpu
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
