@@ -150,7 +150,7 @@ def test_bad_masks_are_refused(mask, words):
     query_len=st.integers(1, 90),
     data=st.data(),
 )
-def test_attended_pairs_count_the_brute_force_mask(lengths, block_size, sink_blocks, local_blocks, query_len, data):
+def test_random_batches_match_the_brute_force_mask_and_pair_count(lengths, block_size, sink_blocks, local_blocks, query_len, data):
     width = max(lengths)
     mask = torch.zeros(len(lengths), width, dtype=torch.bool)
     for row, length in enumerate(lengths):
@@ -168,6 +168,7 @@ def test_attended_pairs_count_the_brute_force_mask(lengths, block_size, sink_blo
         for head in range(2):
             mode = "ssa" if modes[n, head] == SSA else "full"
             brute = token_mask(length, block_size, mode, sink_blocks, local_blocks)[-query_len:]
+            assert torch.equal(expand_to_tokens(tables, layout, n, head), brute)
             assert int(pairs[n, head]) == int(brute.sum())
             # SSA is inside causal, sinks are always visible, the window is exact.
             if mode == "ssa":

@@ -111,6 +111,19 @@ def test_generate_with_left_padding_matches_each_sample_alone(family):
     assert not torch.equal(alone[0][1], alone[1][1])
 
 
+def test_beam_search_keeps_each_prompts_routing():
+    model = tiny_model("llama").double()
+    ea.attach(model, CONFIG)
+    randomize_routers(model, seed=3)
+    prompt = torch.randint(1, 97, (1, 30))
+    model.generate(prompt, max_new_tokens=2, do_sample=False)
+    expected = ea.routing_report(model).decisions[0]
+    tokens = model.generate(prompt, max_new_tokens=6, num_beams=3, do_sample=False)
+    assert tokens.shape == (1, 36)
+    decisions = ea.routing_report(model).decisions
+    assert decisions.shape[0] == 3 and all(torch.equal(d, expected) for d in decisions)
+
+
 def test_packed_sequences_match_each_sample_alone():
     model = tiny_model("qwen3").double()
     ea.attach(model, CONFIG)

@@ -68,7 +68,7 @@ class ElasticRuntime:
         self.decisions: dict[int, torch.Tensor] = {}
         self.pairs: dict[int, torch.Tensor] = {}
         self.report: RoutingReport | None = None
-        self._decoder_signature: inspect.Signature | None = None
+        self._decoder_parameters: list[str] | None = None
         # What attach changed, so that detach can restore it.
         self.previous_implementation: str | None = None
         self.requires_grad_before: dict[str, bool] = {}
@@ -78,9 +78,9 @@ class ElasticRuntime:
 
     def before_decoder(self, decoder: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook of the decoder: derive the sequence layout and whether this is a prefill."""
-        if self._decoder_signature is None:
-            self._decoder_signature = inspect.signature(decoder.forward)
-        bound = self._decoder_signature.bind_partial(*args, **kwargs).arguments
+        if self._decoder_parameters is None:
+            self._decoder_parameters = list(inspect.signature(decoder.forward).parameters)
+        bound = {**dict(zip(self._decoder_parameters, args)), **kwargs}
         inputs = bound.get("input_ids")
         if inputs is None:
             inputs = bound.get("inputs_embeds")
