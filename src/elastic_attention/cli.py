@@ -15,13 +15,49 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="run the embedded demo (no download, CPU)")
     demo.add_argument("--seed", type=int, default=0)
 
+    evaluate = commands.add_parser("eval", help="evaluate a model on the synthetic task suite")
+    evaluate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
+    evaluate.add_argument("--router", help="router adapter folder (needed for the elastic mode)")
+    evaluate.add_argument("--modes", default="full,sparse", help="comma list of full, elastic, static, sparse")
+    evaluate.add_argument("--tasks", default="all", help="comma list of task names, or all / sensitive / robust")
+    evaluate.add_argument("--lengths", default="2k,4k", help="comma list of prompt lengths, e.g. 2k,4k,8k or 3000")
+    evaluate.add_argument("--samples", type=int, default=20, help="rows per (task, length)")
+    evaluate.add_argument("--static-msr", type=float, help="MSR of the static hybrid (default: elastic's average)")
+    evaluate.add_argument("--out", default="eval_out", help="folder for eval.json and accuracy_vs_msr.png")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--batch-size", type=int, default=8)
+    evaluate.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     if args.command == "demo":
         from elastic_attention.demo import run_demo
 
         print(run_demo(seed=args.seed))
+    elif args.command == "eval":
+        from elastic_attention.evaluation.pipeline import resolve_tasks, run_eval_command
+
+        print(
+            run_eval_command(
+                args.model, router=args.router, modes=_split(args.modes), tasks=resolve_tasks(_split(args.tasks)),
+                lengths=[parse_length(text) for text in _split(args.lengths)], samples=args.samples, out=args.out,
+                static_msr=args.static_msr, seed=args.seed, batch_size=args.batch_size, device=args.device,
+            )
+        )
     return 0
+
+
+def parse_length(text: str) -> int:
+    """'4k' -> 4096, '3000' -> 3000."""
+    text = text.strip().lower()
+    try:
+        return int(text[:-1]) * 1024 if text.endswith("k") else int(text)
+    except ValueError:
+        raise SystemExit(f"cannot read length {text!r}: use a token count like 3000 or 4k") from None
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 if __name__ == "__main__":

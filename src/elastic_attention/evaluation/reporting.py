@@ -1,0 +1,62 @@
+"""Tables, JSON and plots of evaluation results."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from elastic_attention.evaluation.runner import CellResult
+from elastic_attention.io import atomic_write_text
+
+
+def format_table(results: Sequence[CellResult]) -> str:
+    """A fixed-width table: one line per (mode, task, length) with accuracy, MSR and ESR."""
+    header = f"{'mode':<8} {'task':<18} {'length':>7} {'n':>4} {'accuracy':>9} {'MSR':>6} {'ESR last':>9} {'ESR mean':>9}"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        lines.append(
+            f"{r.mode:<8} {r.task:<18} {r.length:>7} {r.samples:>4} {r.accuracy:>9.3f} {r.msr:>6.3f} "
+            f"{r.esr_last:>9.3f} {r.esr_mean:>9.3f}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(results: Sequence[CellResult], path: str | Path, **context) -> None:
+    """Results plus the context that produced them (command, date, model, ...) as JSON, written atomically."""
+    document = {**context, "results": [r.to_dict() for r in results]}
+    atomic_write_text(path, json.dumps(document, indent=2))
+
+
+def plot_accuracy_vs_msr(results: Sequence[CellResult], path: str | Path) -> None:
+    """One panel per task: accuracy against mean MSR, one marker per (mode, length)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r.task for r in results))
+    modes = list(dict.fromkeys(r.mode for r in results))
+    columns = min(4, len(tasks))
+    rows = (len(tasks) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.2 * rows), squeeze=False)
+    markers = dict(zip(sorted({r.length for r in results}), "osD^v<>p"))
+    for axis, task in zip(axes.flat, tasks):
+        for color, mode in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], modes):
+            for r in (r for r in results if r.task == task and r.mode == mode):
+                axis.scatter(r.msr, r.accuracy, color=color, marker=markers[r.length],
+                             label=f"{mode} @ {r.length}")
+        axis.set_title(task)
+        axis.set_xlabel("MSR")
+        axis.set_ylabel("exact match")
+        axis.set_xlim(-0.05, 1.05)
+        axis.set_ylim(-0.05, 1.05)
+        axis.grid(alpha=0.3)
+    for axis in list(axes.flat)[len(tasks):]:
+        axis.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8)
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
