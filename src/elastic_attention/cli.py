@@ -28,12 +28,26 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--batch-size", type=int, default=8)
     evaluate.add_argument("--device", help="cpu or cuda (default: cuda when available)")
 
+    trainer = commands.add_parser("train", help="train routers: elastic-attention train CONFIG.yaml [key=value ...]")
+    trainer.add_argument("config", help="YAML training config (see configs/)")
+    trainer.add_argument("overrides", nargs="*", help="key=value or section.key=value, parsed as YAML")
+    trainer.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    trainer.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     if args.command == "demo":
         from elastic_attention.demo import run_demo
 
         print(run_demo(seed=args.seed))
+    elif args.command == "train":
+        import json
+
+        from elastic_attention.training import TrainConfig, train
+
+        summary = train(TrainConfig.from_yaml(args.config, args.overrides), resume=args.resume,
+                        progress=not args.no_progress)
+        print(json.dumps({key: summary[key] for key in ("steps", "seconds", "adapter") if key in summary}, indent=2))
     elif args.command == "eval":
         from elastic_attention.evaluation.pipeline import resolve_tasks, run_eval_command
 

@@ -1,0 +1,63 @@
+"""Trainer checkpoints: tensors in safetensors, scalars in JSON, each checkpoint folder published atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from elastic_attention.io import atomic_write_text
+
+LATEST = "latest"
+
+
+def save_checkpoint(directory: Path, step: int, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> Path:
+    """Write ``directory/step-NNNNNN`` through a temporary folder and a rename, then point ``latest`` at it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"step-{step:06d}"
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=directory))
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, staging / "state.safetensors")
+        (staging / "state.json").write_text(json.dumps({"step": step, **scalars}, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    atomic_write_text(directory / LATEST, final.name)
+    return final
+
+
+def load_latest(directory: Path) -> tuple[int, dict[str, torch.Tensor], dict[str, Any]] | None:
+    """(step, tensors, scalars) of the newest checkpoint under ``directory``, or None when there is none."""
+    pointer = directory / LATEST
+    if not pointer.exists():
+        return None
+    folder = directory / pointer.read_text().strip()
+    scalars = json.loads((folder / "state.json").read_text())
+    return int(scalars.pop("step")), load_file(folder / "state.safetensors"), scalars
+
+
+def flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """An optimizer state dict as flat tensors plus JSON-able param groups."""
+    tensors = {}
+    for index, values in state["state"].items():
+        for key, value in values.items():
+            tensors[f"optimizer.{index}.{key}"] = torch.as_tensor(value)
+    return tensors, state["param_groups"]
+
+
+def unflatten_optimizer(tensors: dict[str, torch.Tensor], param_groups: list[dict]) -> dict:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optimizer."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = value
+    return {"state": state, "param_groups": param_groups}

@@ -1,0 +1,193 @@
+"""Training data for the routers: rows rendered with the chat template and packed to a token budget.
+
+A row is (context, question, answer, task), optionally with an instruction. Packing keeps per-sample boundaries:
+each packed sample gets its own positions (restarting at 0), so elastic attention routes and attends it on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from elastic_attention.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training sample.
+
+    Attributes:
+        context: the long document.
+        question: the question that ends the prompt.
+        answer: the expected answer.
+        task: task name; it selects the sparsity target.
+        instruction: optional text that starts the prompt.
+    """
+
+    context: str
+    question: str
+    answer: str
+    task: str
+    instruction: str = ""
+
+    @property
+    def prompt(self) -> str:
+        return "\n".join(part for part in (self.instruction, self.context, self.question) if part)
+
+
+@dataclass(frozen=True)
+class EncodedRow:
+    """Token ids of one row: the prompt (with the generation prompt) and the answer continuation."""
+
+    prompt_ids: list[int]
+    answer_ids: list[int]
+    task: str
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.answer_ids)
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Samples packed into one sequence of at most the token budget.
+
+    Attributes:
+        input_ids: [T] int64.
+        labels: [T] int64, IGNORE_INDEX outside the supervised tokens (HF shifts labels inside the loss).
+        position_ids: [T] int64, restarting at 0 at every sample.
+        tasks: the task of each sample, in order.
+        spans: (start, length, prompt_length) of each sample.
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor
+    tasks: tuple[str, ...]
+    spans: tuple[tuple[int, int, int], ...]
+
+
+def encode_row(tokenizer, row: Row) -> EncodedRow:
+    """Render a row with the tokenizer's chat template: prompt with generation prompt, then the answer turn.
+
+    Raises:
+        InputError: the tokenizer has no chat template, or the rendered answer turn does not extend the prompt.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError("the tokenizer has no chat template; set tokenizer.chat_template to render rows")
+    user = [{"role": "user", "content": row.prompt}]
+    prompt_text = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    full_text = tokenizer.apply_chat_template(
+        user + [{"role": "assistant", "content": row.answer}], tokenize=False
+    )
+    prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+    full_ids = tokenizer.encode(full_text, add_special_tokens=False)
+    if full_ids[: len(prompt_ids)] != prompt_ids or len(full_ids) == len(prompt_ids):
+        raise InputError(
+            "the chat template's answer turn does not extend the prompt with a generation prompt; "
+            "answer-only labels need a template where prompt + answer starts with the rendered prompt"
+        )
+    return EncodedRow(prompt_ids, full_ids[len(prompt_ids) :], row.task)
+
+
+def pack_rows(
+    rows: Sequence[EncodedRow],
+    budget: int,
+    *,
+    answer_only: bool = True,
+    on_overlong: str = "error",
+) -> list[Pack]:
+    """Greedy in-order packing of encoded rows into sequences of at most ``budget`` tokens.
+
+    Args:
+        rows: encoded rows, in the order they should be trained.
+        budget: tokens per pack.
+        answer_only: labels on the answer tokens only (the paper's CE(Y | X)); else on every token of a sample
+            except its first (which has no prediction from inside the sample).
+        on_overlong: ``"error"`` raises on a row longer than the budget; ``"skip"`` drops it and logs a warning
+            with how many rows were dropped. Rows are never cut.
+
+    Raises:
+        InputError: a row longer than the budget with ``on_overlong="error"``, or a bad argument.
+    """
+    if budget < 2:
+        raise InputError(f"the packing budget must be at least 2 tokens, got {budget}")
+    if on_overlong not in ("error", "skip"):
+        raise InputError(f"on_overlong must be 'error' or 'skip', got {on_overlong!r}")
+    overlong = [index for index, row in enumerate(rows) if len(row) > budget]
+    if overlong and on_overlong == "error":
+        raise InputError(
+            f"{len(overlong)} rows are longer than the packing budget of {budget} tokens (first: row {overlong[0]} "
+            f"with {len(rows[overlong[0]])} tokens); raise the budget or pass on_overlong='skip'"
+        )
+    if overlong:
+        logger.warning("skipped %d rows longer than the packing budget of %d tokens", len(overlong), budget)
+    packs, current = [], []
+    for index, row in enumerate(rows):
+        if index in overlong:
+            continue
+        if current and sum(map(len, current)) + len(row) > budget:
+            packs.append(_make_pack(current, answer_only))
+            current = []
+        current.append(row)
+    if current:
+        packs.append(_make_pack(current, answer_only))
+    return packs
+
+
+def _make_pack(rows: list[EncodedRow], answer_only: bool) -> Pack:
+    ids, labels, positions, spans = [], [], [], []
+    for row in rows:
+        start = len(ids)
+        tokens = row.prompt_ids + row.answer_ids
+        ids += tokens
+        positions += list(range(len(tokens)))
+        if answer_only:
+            labels += [IGNORE_INDEX] * len(row.prompt_ids) + row.answer_ids
+        else:
+            labels += [IGNORE_INDEX] + tokens[1:]
+        spans.append((start, len(tokens), len(row.prompt_ids)))
+    return Pack(
+        input_ids=torch.tensor(ids, dtype=torch.long),
+        labels=torch.tensor(labels, dtype=torch.long),
+        position_ids=torch.tensor(positions, dtype=torch.long),
+        tasks=tuple(row.task for row in rows),
+        spans=tuple(spans),
+    )
+
+
+def load_rows(path: str | Path) -> list[Row]:
+    """Rows from a local JSONL or parquet file (columns context, question, answer, task, optional instruction).
+
+    JSONL is read with the standard library; parquet through ``datasets`` (no network: local files only).
+
+    Raises:
+        InputError: a missing column, or an unsupported file type.
+    """
+    path = Path(path)
+    if path.suffix in (".jsonl", ".json"):
+        records: Iterable[dict] = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    elif path.suffix == ".parquet":
+        try:
+            from datasets import load_dataset
+        except ImportError as error:
+            raise InputError("reading parquet needs `datasets`: pip install 'elastic-attention[train]'") from error
+        records = load_dataset("parquet", data_files=str(path), split="train")
+    else:
+        raise InputError(f"unsupported row file {path.name!r}: use .jsonl or .parquet")
+    rows = []
+    for number, record in enumerate(records):
+        missing = [key for key in ("context", "question", "answer", "task") if key not in record]
+        if missing:
+            raise InputError(f"{path.name} record {number} lacks the columns {missing}")
+        rows.append(Row(record["context"], record["question"], record["answer"], record["task"],
+                        record.get("instruction") or ""))
+    return rows

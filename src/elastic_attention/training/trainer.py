@@ -1,0 +1,380 @@
+"""Router training recipe: setup / train / save_checkpoint / cleanup.
+
+One optimizer step consumes ``packs_per_step`` packs (the global batch); each pack is one forward with its samples
+routed and attended separately. The loss of a pack is LM cross-entropy (answer tokens by default) plus the sparsity
+objective over its samples; the step's gradient is the mean over packs, so any split of the packs over processes
+gives the same update. Data order and Gumbel noise depend only on (seed, step, pack position): a resumed run
+replays the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from elastic_attention.adapters import save_router
+from elastic_attention.integration import attach, routers_of, routing_report, runtime_of
+from elastic_attention.io import atomic_write_text
+from elastic_attention.training.checkpoint import flatten_optimizer, load_latest, save_checkpoint, unflatten_optimizer
+from elastic_attention.training.config import TrainConfig
+from elastic_attention.training.data import Pack, Row, encode_row, load_rows, pack_rows
+from elastic_attention.training.objective import SparsityObjective
+
+logger = logging.getLogger(__name__)
+
+
+class RouterTrainer:
+    """Trains the routers of a frozen backbone with the paper's objective.
+
+    Args:
+        config: the run configuration.
+        progress: show a progress bar (rank 0 only).
+    """
+
+    def __init__(self, config: TrainConfig, progress: bool = True) -> None:
+        self.config = config
+        self.progress = progress
+        self.output_dir = Path(config.output_dir)
+        self.rank, self.world_size = _distributed_rank()
+        self.step = 0
+        self.history: list[dict] = []
+
+    # -- setup -------------------------------------------------------------------------------------------------
+
+    def setup(self, resume: bool = False) -> None:
+        """Load the backbone, attach routers, build data, objective and optimizer; resume if asked."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        config = self.config
+        self.device = _device(config.device, self.rank)
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        torch.manual_seed(config.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype).to(self.device)
+        attach(model, config.elastic_config)
+        for router in routers_of(model).values():
+            router.float()
+        if config.distributed == "fsdp":
+            _shard_backbone(model)
+        self.model = model.train()
+        self.runtime = runtime_of(model)
+        self.objective = SparsityObjective(config.targets, config.linear_term, config.bounds).to(self.device)
+        self.router_parameters = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in self.router_parameters if p.ndim >= 2]
+        no_decay = [p for p in self.router_parameters if p.ndim < 2]
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "lr": config.router_lr, "weight_decay": config.weight_decay},
+                {"params": no_decay, "lr": config.router_lr, "weight_decay": 0.0},
+                {"params": list(self.objective.parameters()), "lr": config.multiplier_lr, "weight_decay": 0.0,
+                 "maximize": True},
+            ],
+            betas=(0.9, 0.95),
+        )
+        self.packs = self._build_packs()
+        if resume:
+            self._restore()
+
+    def _build_packs(self) -> list[Pack]:
+        data = self.config.data
+        if data.source == "suite":
+            from elastic_attention.evaluation.tasks import generate
+
+            per_cell = math.ceil(data.rows / (len(data.tasks) * len(data.lengths)))
+            cells = [generate(task, length, data.seed, per_cell) for length in data.lengths for task in data.tasks]
+            rows = [
+                Row(cell[index].context, cell[index].question, cell[index].answer, cell[index].task,
+                    cell[index].instruction)
+                for index in range(per_cell)
+                for cell in cells
+            ][: data.rows]
+        else:
+            rows = load_rows(data.source)
+        self.objective.task_indices([row.task for row in rows])
+        encoded = [encode_row(self.tokenizer, row) for row in rows]
+        packs = pack_rows(encoded, data.budget, answer_only=data.answer_only, on_overlong=data.on_overlong)
+        if len(packs) < self.world_size:
+            raise ValueError(f"only {len(packs)} packs for {self.world_size} processes; add rows")
+        return packs
+
+    # -- training ----------------------------------------------------------------------------------------------
+
+    def pack_order(self, step: int) -> list[int]:
+        """Global pack indices of ``step``: an epoch-wise permutation seeded by (seed, epoch)."""
+        per_step, count = self.config.packs_per_step, len(self.packs)
+        positions = range(step * per_step, (step + 1) * per_step)
+        order = []
+        for position in positions:
+            epoch, offset = divmod(position, count)
+            permutation = torch.randperm(count, generator=torch.Generator().manual_seed(self.config.data.seed + epoch))
+            order.append(int(permutation[offset]))
+        return order
+
+    def train(self) -> dict:
+        """Run the remaining steps; returns the run summary."""
+        config = self.config
+        bar = self._bar()
+        writer = self._tensorboard()
+        started = time.perf_counter()
+        while self.step < config.steps:
+            metrics = self.train_step()
+            self.history.append(metrics)
+            if self.rank == 0:
+                self._log(metrics, writer)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(_postfix(metrics))
+            self.step += 1
+            if config.checkpoint_every and self.step % config.checkpoint_every == 0 and self.step < config.steps:
+                self.save_checkpoint()
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            writer.close()
+        summary = {"steps": self.step, "seconds": time.perf_counter() - started, "final": self.history[-1]
+                   if self.history else {}}
+        return summary
+
+    def train_step(self) -> dict:
+        """One optimizer step over the packs of ``self.step`` that belong to this process."""
+        config = self.config
+        temperature = config.temperature.at(self.step, config.steps)
+        for router in routers_of(self.model).values():
+            router.temperature = temperature
+        scale = self._lr_scale(self.step)
+        for group in self.optimizer.param_groups[:2]:
+            group["lr"] = config.router_lr * scale
+        self.optimizer.zero_grad(set_to_none=True)
+        order = self.pack_order(self.step)
+        sums: dict[str, float] = defaultdict(float)
+        task_msr: dict[str, list[float]] = defaultdict(list)
+        for position, pack_index in enumerate(order):
+            if position % self.world_size != self.rank:
+                continue
+            pack = self.packs[pack_index]
+            self.runtime.generator = torch.Generator(self.device).manual_seed(
+                config.seed * 1_000_003 + self.step * 1009 + position
+            )
+            output = self.model(
+                input_ids=pack.input_ids[None].to(self.device),
+                position_ids=pack.position_ids[None].to(self.device),
+                labels=pack.labels[None].to(self.device),
+            )
+            msr = routing_report(self.model).msr
+            regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
+            loss = (output.loss.float() + regularisation) / len(order)
+            loss.backward()
+            sums["lm_loss"] += float(output.loss.detach())
+            sums["reg_loss"] += float(regularisation.detach())
+            for task, value in zip(pack.tasks, msr.tolist()):
+                task_msr[task].append(value)
+        self._reduce_gradients()
+        if config.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.router_parameters, config.grad_clip)
+        self.optimizer.step()
+        return self._metrics(sums, task_msr, len(order), temperature, scale)
+
+    def _lr_scale(self, step: int) -> float:
+        warmup = round(self.config.warmup_fraction * self.config.steps)
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, self.config.steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def _reduce_gradients(self) -> None:
+        if self.world_size == 1:
+            return
+        for parameter in [*self.router_parameters, *self.objective.parameters()]:
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            if not _is_sharded(parameter):
+                dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+
+    def _metrics(self, sums, task_msr, packs: int, temperature: float, scale: float) -> dict:
+        totals = torch.tensor([sums["lm_loss"], sums["reg_loss"]], dtype=torch.float64)
+        gathered = [task_msr]
+        if self.world_size > 1:
+            dist.all_reduce(totals)
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, dict(task_msr))
+        merged: dict[str, list[float]] = defaultdict(list)
+        for part in gathered:
+            for task, values in part.items():
+                merged[task] += values
+        metrics = {
+            "step": self.step + 1,
+            "lm_loss": float(totals[0]) / packs,
+            "reg_loss": float(totals[1]) / packs,
+            "temperature": temperature,
+            "lr": self.config.router_lr * scale,
+        }
+        for task in self.objective.tasks:
+            values = merged.get(task)
+            metrics[f"msr/{task}"] = sum(values) / len(values) if values else float("nan")
+            index = self.objective.tasks.index(task)
+            metrics[f"lambda1/{task}"] = float(self.objective.lambda1[index])
+            metrics[f"lambda2/{task}"] = float(self.objective.lambda2[index])
+        return metrics
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"router.{name}": _full(p) for name, p in self.model.named_parameters() if p.requires_grad}
+        tensors.update({f"objective.{name}": p.detach() for name, p in self.objective.named_parameters()})
+        optimizer_tensors, _ = flatten_optimizer(self.optimizer.state_dict())
+        tensors.update({name: _full(value) for name, value in optimizer_tensors.items()})
+        return tensors
+
+    def save_checkpoint(self) -> Path | None:
+        """Write a checkpoint of the routers, multipliers, optimizer and metric history (rank 0)."""
+        tensors = self._state_tensors()
+        if self.rank != 0:
+            return None
+        _, groups = flatten_optimizer(self.optimizer.state_dict())
+        scalars = {"param_groups": groups, "history": self.history, "config": self.config.to_dict()}
+        return save_checkpoint(self.output_dir / "checkpoints", self.step, tensors, scalars)
+
+    def _restore(self) -> None:
+        found = load_latest(self.output_dir / "checkpoints")
+        if found is None:
+            logger.warning("--resume: no checkpoint under %s; starting from step 0", self.output_dir)
+            return
+        step, tensors, scalars = found
+        with torch.no_grad():
+            for name, parameter in self.model.named_parameters():
+                if parameter.requires_grad:
+                    _copy_into(parameter, tensors[f"router.{name}"])
+            for name, parameter in self.objective.named_parameters():
+                parameter.copy_(tensors[f"objective.{name}"])
+        optimizer_state = unflatten_optimizer(tensors, scalars["param_groups"])
+        self.optimizer.load_state_dict(optimizer_state)
+        self.step, self.history = step, scalars["history"]
+        logger.info("resumed from step %d", step)
+
+    # -- outputs -----------------------------------------------------------------------------------------------
+
+    def finish(self, summary: dict) -> dict:
+        """Save the router adapter, the summary and the plots (rank 0)."""
+        if self.rank != 0:
+            return summary
+        adapter = save_router(self.model, self.output_dir / "router")
+        summary = {**summary, "adapter": str(adapter), "config": self.config.to_dict()}
+        atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
+        try:
+            from elastic_attention.training.plots import plot_training
+
+            plot_training(self.history, self.output_dir)
+        except ImportError:
+            logger.warning("matplotlib is not installed: no training plots (pip install 'elastic-attention[train]')")
+        return summary
+
+    def cleanup(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _log(self, metrics: dict, writer) -> None:
+        path = self.output_dir / "metrics.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = not path.exists() or metrics["step"] == 1
+        with path.open("w" if new else "a", newline="") as file:
+            csv_writer = csv.DictWriter(file, fieldnames=list(metrics))
+            if new:
+                csv_writer.writeheader()
+            csv_writer.writerow(metrics)
+        if writer is not None:
+            for key, value in metrics.items():
+                if key != "step":
+                    writer.add_scalar(key, value, metrics["step"])
+
+    def _bar(self):
+        if not self.progress or self.rank != 0:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.config.steps, initial=self.step, desc="train routers", unit="step")
+
+    def _tensorboard(self):
+        if self.rank != 0:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            logger.info("tensorboard is not installed: logging to metrics.csv only")
+            return None
+        return SummaryWriter(str(self.output_dir / "tensorboard"), purge_step=self.step + 1)
+
+
+def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
+    """Set up, train, save and clean up: the whole recipe. Returns the run summary."""
+    trainer = RouterTrainer(config, progress=progress)
+    try:
+        trainer.setup(resume=resume)
+        summary = trainer.train()
+        if config.checkpoint_every:
+            trainer.save_checkpoint()
+        return trainer.finish(summary)
+    finally:
+        trainer.cleanup()
+
+
+def _postfix(metrics: dict) -> str:
+    msr = " ".join(f"{k.split('_')[-1]}={v:.2f}" for k, v in metrics.items() if k.startswith("msr/") and v == v)
+    lambdas = " ".join(f"{v:+.2f}" for k, v in metrics.items() if k.startswith("lambda1/"))
+    return f"lm {metrics['lm_loss']:.3f} reg {metrics['reg_loss']:+.3f} | MSR {msr} | l1 {lambdas}"
+
+
+def _distributed_rank() -> tuple[int, int]:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return 0, 1
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() and os.environ.get("ELASTIC_DEVICE") != "cpu" else "gloo"
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _device(name: str, rank: int) -> torch.device:
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    index = int(os.environ.get("LOCAL_RANK", rank)) if torch.cuda.device_count() > 1 else 0
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _shard_backbone(model) -> None:
+    """FSDP2: shard every decoder layer (routers included) and the root over the process group."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def _is_sharded(parameter: torch.Tensor) -> bool:
+    return type(parameter).__name__ == "DTensor" or type(getattr(parameter, "data", None)).__name__ == "DTensor"
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _copy_into(parameter: torch.Tensor, value: torch.Tensor) -> None:
+    if hasattr(parameter, "full_tensor"):
+        from torch.distributed.tensor import distribute_tensor
+
+        parameter.copy_(distribute_tensor(value.to(parameter.dtype), parameter.device_mesh, parameter.placements))
+    else:
+        parameter.copy_(value)
