@@ -74,3 +74,23 @@ def masked_attention_float64(query, key, value, mask, scale):
 @pytest.fixture(params=FAMILY_NAMES)
 def family(request):
     return request.param
+
+
+@pytest.fixture(scope="session")
+def random_suite_backbone(tmp_path_factory):
+    """A tiny random Qwen3 with the suite tokenizer, saved like a real checkpoint: a folder for from_pretrained."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from elastic_attention.evaluation.vocabulary import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, use_sliding_window=False,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    path = tmp_path_factory.mktemp("random_suite_backbone")
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

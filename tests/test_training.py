@@ -1,0 +1,197 @@
+"""Router training: packing, labels, the objective and its multipliers, the CLI with kill and resume, gloo DDP."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from elastic_attention import ConfigError, InputError
+from elastic_attention.training import Row, SparsityObjective, TrainConfig, encode_row, pack_rows
+from elastic_attention.training.data import IGNORE_INDEX, EncodedRow, load_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def encoded(prompt, answer, task="t"):
+    return EncodedRow(list(range(100, 100 + prompt)), list(range(500, 500 + answer)), task)
+
+
+def test_packing_keeps_boundaries_spans_and_answer_only_labels():
+    rows = [encoded(5, 2, "a"), encoded(3, 1, "b"), encoded(6, 3, "a"), encoded(2, 1, "b")]
+    packs = pack_rows(rows, budget=12)
+    assert [pack.tasks for pack in packs] == [("a", "b"), ("a", "b")]
+    first = packs[0]
+    assert first.spans == ((0, 7, 5), (7, 4, 3))
+    assert first.position_ids.tolist() == [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3]
+    assert first.labels.tolist() == [IGNORE_INDEX] * 5 + [500, 501] + [IGNORE_INDEX] * 3 + [500]
+    assert first.input_ids.tolist()[5:7] == [500, 501]
+    whole = pack_rows(rows, budget=12, answer_only=False)[0]
+    assert whole.labels.tolist()[0] == IGNORE_INDEX and whole.labels.tolist()[7] == IGNORE_INDEX
+    assert whole.labels.tolist()[1:7] == whole.input_ids.tolist()[1:7]
+
+
+def test_overlong_rows_are_reported_never_cut(caplog):
+    rows = [encoded(5, 2), encoded(30, 2), encoded(3, 1)]
+    with pytest.raises(InputError, match="1 rows are longer than the packing budget of 16 tokens"):
+        pack_rows(rows, budget=16)
+    packs = pack_rows(rows, budget=16, on_overlong="skip")
+    assert sum(len(pack.spans) for pack in packs) == 2
+    assert "skipped 1 rows" in caplog.text
+
+
+def test_rows_render_through_the_chat_template(random_suite_backbone):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_suite_backbone)
+    row = Row(context="the cat sees a dog .", question="question : what is the value of k3 ?", answer="v4",
+              task="needle_single", instruction="instruction : find the value .")
+    result = encode_row(tokenizer, row)
+    assert tokenizer.decode(result.answer_ids) == "v4 <eos>"
+    assert tokenizer.convert_ids_to_tokens(result.prompt_ids[-1]) == "<assistant>"
+
+
+def test_jsonl_rows_and_their_errors(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"context": "c", "question": "q", "answer": "a", "task": "t"}\n')
+    assert load_rows(path) == [Row("c", "q", "a", "t")]
+    path.write_text('{"context": "c", "answer": "a", "task": "t"}\n')
+    with pytest.raises(InputError, match=r"lacks the columns \['question'\]"):
+        load_rows(path)
+    with pytest.raises(InputError, match="unsupported row file"):
+        load_rows(tmp_path / "rows.csv")
+
+
+def test_objective_value_and_gradients():
+    objective = SparsityObjective({"robust": 1.0, "sensitive": 0.7})
+    with torch.no_grad():
+        objective.lambda1.copy_(torch.tensor([0.5, 2.0]))
+        objective.lambda2.copy_(torch.tensor([3.0, 4.0]))
+    msr = torch.tensor([0.6, 0.9, 0.8], requires_grad=True)
+    tasks = objective.task_indices(["robust", "sensitive", "sensitive"])
+    loss = objective(msr, tasks)
+    gap = torch.tensor([-0.4, 0.2, 0.1])
+    expected = (0.5 * gap[0] + 3.0 * gap[0] ** 2) + ((2.0 * gap[1:] + 4.0 * gap[1:] ** 2).mean())
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    torch.testing.assert_close(msr.grad, torch.tensor([0.5 + 6.0 * -0.4, (2.0 + 8.0 * 0.2) / 2, (2.0 + 8.0 * 0.1) / 2]))
+    torch.testing.assert_close(objective.lambda1.grad, torch.tensor([-0.4, 0.15]))
+    with pytest.raises(InputError, match=r"tasks \['other'\] have no sparsity target"):
+        objective.task_indices(["other"])
+
+
+@pytest.mark.parametrize("linear_term", ["signed", "absolute"])
+def test_multipliers_ascend(linear_term):
+    objective = SparsityObjective({"sensitive": 0.7}, linear_term=linear_term)
+    optimizer = torch.optim.AdamW(objective.parameters(), lr=0.1, maximize=True, weight_decay=0.0)
+    for msr_value, expected_sign in ((0.9, 1.0), (0.5, -1.0 if linear_term == "signed" else 1.0)):
+        with torch.no_grad():
+            objective.lambda1.zero_()
+        optimizer = torch.optim.AdamW(objective.parameters(), lr=0.1, maximize=True, weight_decay=0.0)
+        loss = objective(torch.tensor([msr_value]), objective.task_indices(["sensitive"]))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        # Ascent: the multiplier moves so as to raise the penalty of the current violation.
+        assert torch.sign(objective.lambda1.detach()).item() == expected_sign
+        assert objective.lambda2.item() > 0
+
+
+def test_bounds_give_no_penalty_inside_the_band():
+    objective = SparsityObjective({"t": 0.7}, bounds={"t": (0.6, 0.8)})
+    gaps = objective.gap(torch.tensor([0.5, 0.65, 0.9]), objective.task_indices(["t"] * 3))
+    torch.testing.assert_close(gaps, torch.tensor([-0.1, 0.0, 0.1]))
+    with pytest.raises(ConfigError, match="bounds"):
+        SparsityObjective({"t": 0.7}, bounds={"t": (0.9, 0.8)})
+    with pytest.raises(ConfigError, match="linear_term"):
+        SparsityObjective({"t": 0.7}, linear_term="squared")
+
+
+def test_config_validation_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="`model`"):
+        TrainConfig()
+    with pytest.raises(ConfigError, match="unknown training config keys \\['stepz'\\]"):
+        TrainConfig.from_dict({"model": "m", "stepz": 3})
+    with pytest.raises(ConfigError, match="`steps` must be at least 1"):
+        TrainConfig(model="m", steps=0)
+    with pytest.raises(ConfigError, match="suite tasks \\['local_count'\\] have no entry in `targets`"):
+        TrainConfig.from_dict({"model": "m", "targets": {"needle_single": 0.7},
+                               "data": {"tasks": ["needle_single", "local_count"]}})
+    with pytest.raises(ConfigError, match="`sink_tokens`"):
+        TrainConfig(model="m", elastic={"sink_tokens": 100})
+    path = tmp_path / "c.yaml"
+    path.write_text("model: m\nsteps: 3\ndata: {rows: 8}\n")
+    config = TrainConfig.from_yaml(path, ["steps=5", "data.budget=2048", "temperature.kind=exponential"])
+    assert (config.steps, config.data.budget, config.data.rows, config.temperature.kind) == (5, 2048, 8, "exponential")
+
+
+def write_config(tmp_path, backbone, name, **extra):
+    config = {
+        "model": str(backbone),
+        "output_dir": str(tmp_path / name),
+        "elastic": {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8},
+        "data": {"tasks": ["needle_single", "local_recall"], "lengths": [200, 260], "rows": 16, "budget": 600},
+        "targets": {"needle_single": 0.7, "local_recall": 1.0},
+        "steps": 6,
+        "packs_per_step": 2,
+        "router_lr": 0.01,
+        "checkpoint_every": 2,
+        **extra,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def cli(*args, env=None):
+    return [sys.executable, "-m", "elastic_attention.cli", *args]
+
+
+def routers(run_dir):
+    return load_file(Path(run_dir) / "router" / "router.safetensors")
+
+
+@pytest.mark.slow
+def test_cli_run_killed_midway_resumes_to_the_uninterrupted_result(tmp_path, random_suite_backbone):
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    straight = write_config(tmp_path, random_suite_backbone, "straight")
+    subprocess.run(cli("train", str(straight), "--no-progress"), check=True, env=environment, capture_output=True)
+
+    interrupted = write_config(tmp_path, random_suite_backbone, "interrupted")
+    process = subprocess.Popen(cli("train", str(interrupted), "--no-progress"), env=environment,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = tmp_path / "interrupted" / "checkpoints" / "step-000002" / "state.json"
+    deadline = time.time() + 120
+    while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoint.exists() and not (tmp_path / "interrupted" / "router").exists()
+    subprocess.run(cli("train", str(interrupted), "--resume", "--no-progress"), check=True, env=environment,
+                   capture_output=True)
+    for name, value in routers(tmp_path / "straight").items():
+        torch.testing.assert_close(routers(tmp_path / "interrupted")[name], value, rtol=0, atol=0)
+    metrics = (tmp_path / "interrupted" / "metrics.csv").read_text().splitlines()
+    assert metrics == (tmp_path / "straight" / "metrics.csv").read_text().splitlines()
+    assert (tmp_path / "interrupted" / "training.png").exists()
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one_process(tmp_path, random_suite_backbone):
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ELASTIC_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    single = write_config(tmp_path, random_suite_backbone, "single", steps=3, checkpoint_every=0, device="cpu")
+    subprocess.run(cli("train", str(single), "--no-progress"), check=True, env=environment, capture_output=True)
+    double = write_config(tmp_path, random_suite_backbone, "double", steps=3, checkpoint_every=0, device="cpu",
+                          distributed="ddp")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                "-m", "elastic_attention.cli", "train", str(double), "--no-progress"]
+    result = subprocess.run(torchrun, env=environment, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name, value in routers(tmp_path / "single").items():
+        torch.testing.assert_close(routers(tmp_path / "double")[name], value, rtol=1e-5, atol=1e-6)
