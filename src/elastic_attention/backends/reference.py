@@ -1,16 +1,19 @@
 """Reference backend: plain torch, CPU or GPU; the oracle for every faster backend.
 
 Per sequence, it expands the block tables of a chunk of query blocks to a token mask (chunk x keys, never S x S for
-long inputs), adds causality, and runs a masked softmax in float32 (float64 for float64 inputs).
+long inputs), adds causality, and runs masked softmax attention in float32 (float64 for float64 inputs) through
+torch's scaled_dot_product_attention. Heads that share a block pattern (every head of a mode, for FA and SSA) share
+one token mask.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from elastic_attention.patterns import BlockTables, SequenceLayout, block_mask_from_tables
 
-#: Upper bound on Hq x chunk-queries x keys scores materialized at once.
+#: Upper bound on Hq x chunk-queries x keys mask entries materialized at once.
 _MAX_SCORES_PER_CHUNK = 1 << 25
 
 
@@ -28,24 +31,24 @@ class ReferenceBackend:
         tables: BlockTables,
         scale: float,
     ) -> torch.Tensor:
-        num_query_heads, num_kv_heads = query.shape[1], key.shape[1]
-        group = num_query_heads // num_kv_heads
+        num_query_heads = query.shape[1]
         compute_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
         output = torch.zeros_like(query)
         size = tables.block_size
         for n, (row, start, length, first_row, count) in enumerate(layout.spans()):
             if count == 0:
                 continue
-            keys = key[row, :, start : start + length].repeat_interleave(group, dim=0).to(compute_dtype)
-            values = value[row, :, start : start + length].repeat_interleave(group, dim=0).to(compute_dtype)
+            keys = key[row, :, start : start + length].to(compute_dtype)
+            values = value[row, :, start : start + length].to(compute_dtype)
             num_key_blocks = (length - 1) // size + 1
             block_mask = block_mask_from_tables(tables, n, num_key_blocks)
+            patterns, head_pattern = torch.unique(block_mask, dim=0, return_inverse=True)
             first_block = int(tables.first_query_block[n])
             first_position = length - count
             key_positions = torch.arange(length, device=query.device)
             rows_per_chunk = max(1, _MAX_SCORES_PER_CHUNK // (num_query_heads * size * length))
             for chunk_start in range(0, block_mask.shape[1], rows_per_chunk):
-                chunk_rows = block_mask[:, chunk_start : chunk_start + rows_per_chunk]
+                chunk_rows = patterns[:, chunk_start : chunk_start + rows_per_chunk]
                 lo = max(first_position, (first_block + chunk_start) * size)
                 hi = min(length, (first_block + chunk_start + chunk_rows.shape[1]) * size)
                 query_positions = torch.arange(lo, hi, device=query.device)
@@ -54,8 +57,9 @@ class ReferenceBackend:
                 allowed &= key_positions[None, :] <= query_positions[:, None]
                 physical = slice(first_row + lo - first_position, first_row + hi - first_position)
                 queries = query[row, :, physical].to(compute_dtype)
-                scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale
-                scores = scores.masked_fill(~allowed, float("-inf"))
-                probabilities = torch.softmax(scores, dim=-1)
-                output[row, :, physical] = torch.matmul(probabilities, values).to(query.dtype)
+                attended = F.scaled_dot_product_attention(
+                    queries[None], keys[None], values[None], attn_mask=allowed[head_pattern][None], scale=scale,
+                    enable_gqa=True,
+                )
+                output[row, :, physical] = attended[0].to(query.dtype)
         return output
