@@ -1,0 +1,1 @@
+"""Evaluation: the synthetic long-context task suite, its word-level tokenizer, runners, metrics and reports."""

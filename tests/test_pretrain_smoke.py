@@ -1,0 +1,104 @@
+"""Smoke test of scripts/pretrain_backbone.py: two CPU steps of the tiny preset, then reload the saved result."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pretrain_backbone.py"
+
+
+@pytest.fixture(scope="module")
+def pretrain():
+    spec = importlib.util.spec_from_file_location("pretrain_backbone", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up in sys.modules
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture()
+def one_thread():
+    # Two intra-op threads on a two-vCPU VM are often several times slower than one for this tiny model.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_two_cpu_steps_save_a_loadable_backbone(pretrain, tmp_path, one_thread) -> None:
+    out = tmp_path / "backbone"
+    summary = pretrain.main(
+        ["--preset", "tiny", "--max-steps", "2", "--max-len", "256", "--device", "cpu", "--out", str(out),
+         "--eval-samples", "1"]
+    )
+    assert summary["steps"] == 2
+    assert summary["tokens"] == 2 * 2048
+    assert set(summary["eval"]["accuracy"]) == set(pretrain.TASKS)
+    on_disk = json.loads((out / "train_summary.json").read_text())
+    assert on_disk["steps"] == 2 and on_disk["preset"] == "tiny"
+    assert on_disk["train_seconds"] > 0
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    config = model.config
+    assert config.model_type == "qwen3"
+    assert pretrain.rope_theta_of(config) == 1e6
+    assert config.num_attention_heads == 2 * config.num_key_value_heads
+    assert (config.hidden_size, config.num_hidden_layers, config.head_dim) == (256, 4, 64)
+    assert model.dtype == torch.bfloat16
+    weights = sum(path.stat().st_size for path in out.glob("*.safetensors"))
+    assert weights <= 10 * 1024 * 1024
+
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "question : what is the value of k3 ?"}], tokenize=False, add_generation_prompt=True
+    )
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], config.vocab_size)
+    assert torch.isfinite(logits.float()).all()
+
+
+def test_small_preset_shapes(pretrain) -> None:
+    tokenizer = pretrain.build_tokenizer()
+    preset = pretrain.PRESETS["small"]
+    config = pretrain.build_config(preset, tokenizer, preset.max_len)
+    assert config.num_attention_heads * config.head_dim != config.hidden_size
+    assert config.num_attention_heads // config.num_key_value_heads >= 2
+    assert pretrain.rope_theta_of(config) == 1e6
+
+
+def test_length_curriculum(pretrain) -> None:
+    args = pretrain.resolve_defaults(pretrain.parse_args(["--out", "unused", "--device", "cpu", "--max-len", "4096"]))
+    warm = [pretrain.sequence_length(step, args) for step in range(args.length_warmup_steps)]
+    assert set(warm) == {args.warmup_len}
+    later = {pretrain.sequence_length(step, args) for step in range(args.length_warmup_steps, args.length_warmup_steps + 400)}
+    assert min(later) >= args.min_len and max(later) <= args.max_len and len(later) > 10
+    assert all(length % 128 == 0 for length in later)
+
+
+def test_dense_sequence_supervises_queried_values(pretrain) -> None:
+    tokenizer = pretrain.build_tokenizer()
+    ids = tokenizer.get_vocab()
+    words = {index: word for word, index in ids.items()}
+    input_ids, labels = pretrain.dense_needle_sequence(pretrain.SampleRandom(0), 2048, ids)
+    assert len(input_ids) == len(labels) == 2048
+    supervised = [t for t, label in enumerate(labels) if label != pretrain.IGNORE]
+    assert len(supervised) > 20
+    text = [words[i] for i in input_ids]
+    for t in supervised:
+        assert text[t - 2] == "ask" and text[t].startswith("v")
+        key, value = text[t - 1], text[t]
+        earlier = [s for s in range(t - 2) if text[s] == "remember" and text[s + 1] == key]
+        assert earlier and text[earlier[0] + 2] == value
