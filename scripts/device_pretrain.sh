@@ -1,29 +1,29 @@
 #!/usr/bin/env bash
 # Pretrain the tiny and small backbones side by side on one H200 and evaluate both with elastic-attention's own
 # runner (full attention and all-SSA, at the training length and twice it). One device call of at most 10 minutes:
-#   bash scripts/device_pretrain.sh          (on the device, from the repository root; results under $OUT)
+#   OUT=out bash scripts/device_pretrain.sh          (from the repository root; results under $OUT)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
 OUT=${OUT:-out}
 mkdir -p "$OUT" /tmp/work
 start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee /tmp/work/gpu.txt
-python3 scripts/pretrain_backbone.py --preset small --out /tmp/work/backbone-small --max-seconds 390 \
-  --eval-samples 16 > /tmp/work/small.log 2>&1 &
+python3 scripts/pretrain_backbone.py --preset small --max-len 4096 --out /tmp/work/backbone-small --max-seconds 330 \
+  --eval-samples 16 --num-workers 6 > /tmp/work/small.log 2>&1 &
 small_pid=$!
-python3 scripts/pretrain_backbone.py --preset tiny --out /tmp/work/backbone-tiny --max-seconds 270 \
-  --eval-samples 16 > /tmp/work/tiny.log 2>&1
+python3 scripts/pretrain_backbone.py --preset tiny --max-len 2048 --out /tmp/work/backbone-tiny --max-seconds 250 \
+  --eval-samples 16 --num-workers 6 > /tmp/work/tiny.log 2>&1
 tar -C /tmp/work -czf "$OUT/backbone-tiny.tgz" backbone-tiny
 echo "tiny done at $(( $(date +%s) - start )) s"
-timeout 200 python3 -m elastic_attention.cli eval --model /tmp/work/backbone-tiny --modes full,sparse --tasks all \
-  --lengths 4096,8192 --samples 20 --batch-size 10 --out /tmp/work/tiny-eval > /tmp/work/tiny-eval.log 2>&1
+timeout 120 python3 -m elastic_attention.cli eval --model /tmp/work/backbone-tiny --modes full,sparse --tasks all \
+  --lengths 2048,4096 --samples 16 --batch-size 16 --out /tmp/work/tiny-eval > /tmp/work/tiny-eval.log 2>&1
 echo "tiny eval done at $(( $(date +%s) - start )) s"
 wait $small_pid
 echo "small done at $(( $(date +%s) - start )) s"
 tar -C /tmp/work -cf - backbone-small | split -b 15m - "$OUT/backbone-small.tar.part-"
-left=$(( 585 - ($(date +%s) - start) ))
+left=$(( 470 - ($(date +%s) - start) ))
 timeout $left python3 -m elastic_attention.cli eval --model /tmp/work/backbone-small --modes full,sparse --tasks all \
-  --lengths 8192,16384 --samples 10 --batch-size 5 --out /tmp/work/small-eval > /tmp/work/small-eval.log 2>&1
+  --lengths 4096,8192 --samples 10 --batch-size 10 --out /tmp/work/small-eval > /tmp/work/small-eval.log 2>&1
 echo "small eval done at $(( $(date +%s) - start )) s"
 tar -C /tmp/work -czf "$OUT/logs.tgz" gpu.txt tiny.log small.log tiny-eval.log small-eval.log tiny-eval small-eval \
   backbone-tiny/train_summary.json backbone-small/train_summary.json 2>/dev/null

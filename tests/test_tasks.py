@@ -268,7 +268,7 @@ def test_depth_option_places_the_needle(depth: float) -> None:
 
 
 def test_multivalue_depths_option_orders_values() -> None:
-    row = generate("needle_multivalue", 2048, 0, 1, depths=[0.9, 0.1, 0.5, 0.3])[0]
+    row = generate("needle_multivalue", 2048, 0, 1, depths=[0.9, 0.1, 0.5, 0.3], num_values=4)[0]
     assert [round(d, 1) for d in row.metadata["depths"]] == [0.1, 0.3, 0.5, 0.9]
 
 

@@ -573,7 +573,7 @@ def needle_multivalue(
     seed: int,
     *,
     depths: Sequence[float] | None = None,
-    num_values: int = 4,
+    num_values: int = 2,
     num_distractors: int = 2,
 ) -> TaskRow:
     """One key with ``num_values`` values at different depths, plus distractor needles of other keys.
@@ -611,7 +611,7 @@ def needle_multivalue(
     return _row("needle_multivalue", length, seed, instruction, question, answer, context, layout, {"key": keys[0]})
 
 
-def variable_tracking(length: int, seed: int, *, num_chains: int = 2, num_hops: int = 4) -> TaskRow:
+def variable_tracking(length: int, seed: int, *, num_chains: int = 2, num_hops: int = 2) -> TaskRow:
     """Chains of variable assignments spread over the context; list the variables holding the asked value.
 
     Chain ``c`` is ``VAR a = v .``, ``VAR b = a .``, ``VAR c = b .`` ... in increasing depth, so every variable of
@@ -685,7 +685,7 @@ def local_recall(length: int, seed: int, *, num_distractors: int = 2) -> TaskRow
 
 
 def local_pattern(
-    length: int, seed: int, *, num_items: int = 2, period: int | None = None, num_distractors: int = 2
+    length: int, seed: int, *, num_items: int = 1, period: int | None = None, num_distractors: int = 2
 ) -> TaskRow:
     """A periodic sequence of value tokens in the last paragraph; the answer continues it.
 
@@ -720,7 +720,7 @@ def local_pattern(
 
 
 def local_count(
-    length: int, seed: int, *, max_count: int = 6, num_other_colors: int = 2, num_distractors: int = 2
+    length: int, seed: int, *, max_count: int = 4, num_other_colors: int = 2, num_distractors: int = 2
 ) -> TaskRow:
     """Colour sentences ``there is a red cup .`` in the last paragraph; count the asked colour.
 
