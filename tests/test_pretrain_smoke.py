@@ -102,3 +102,17 @@ def test_dense_sequence_supervises_queried_values(pretrain) -> None:
         key, value = text[t - 1], text[t]
         earlier = [s for s in range(t - 2) if text[s] == "remember" and text[s + 1] == key]
         assert earlier and text[earlier[0] + 2] == value
+
+
+def test_dense_sequence_repeats_supervise_copied_spans(pretrain) -> None:
+    tokenizer = pretrain.build_tokenizer()
+    ids = tokenizer.get_vocab()
+    words = {index: word for word, index in ids.items()}
+    input_ids, labels = pretrain.dense_needle_sequence(pretrain.SampleRandom(1), 1024, ids, repeat_rate=0.25)
+    text = [words[i] for i in input_ids]
+    copied = [t for t, label in enumerate(labels) if label != pretrain.IGNORE and text[t - 2] != "ask"]
+    assert len(copied) > 20
+    joined = " ".join(text)
+    for t in copied:
+        # The copied token and the one before it occur together earlier in the sequence.
+        assert f"{text[t - 1]} {text[t]}" in " ".join(text[: t - 1]), (t, joined[:200])

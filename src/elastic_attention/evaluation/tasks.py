@@ -16,11 +16,11 @@ Tasks:
 
   - ``needle_single``: one needle ``remember k17 v42 .`` in filler; the answer is the key's value (``v42``).
   - ``needle_multikey``: ``num_keys`` (4) needles with distinct keys and values; one key is asked.
-  - ``needle_multivalue``: one key appears ``num_values`` (4) times with distinct values, plus ``num_distractors``
-    (2) needles of other keys; the answer is every value of the key in order of appearance (``v3 v91 v40 v7``).
-  - ``variable_tracking``: ``num_chains`` (2) chains of ``num_hops`` (4) assignments ``VAR x3 = v17 .``,
+  - ``needle_multivalue``: one key appears ``num_values`` (2) times with distinct values, plus ``num_distractors``
+    (2) needles of other keys; the answer is every value of the key in order of appearance (``v3 v91``).
+  - ``variable_tracking``: ``num_chains`` (2) chains of ``num_hops`` (2) assignments ``VAR x3 = v17 .``,
     ``VAR x8 = x3 .``, ... spread over the context in chain order; the question names the value of one chain and
-    the answer is every variable of that chain in order of assignment (``x3 x8 x51 x20``). Listing in order turns
+    the answer is every variable of that chain in order of assignment (``x3 x8``). Listing in order turns
     the multi-hop question into one single-hop lookup per generated token.
 
 - Robust (the evidence sits in the last paragraph, at most :data:`FINAL_PARAGRAPH_MAX_TOKENS` (240) tokens, so it is
@@ -28,9 +28,9 @@ Tasks:
 
   - ``local_recall``: the last paragraph holds ``note k17 v42 .``; the answer is ``v42``.
   - ``local_pattern``: the last paragraph holds ``sequence : v3 v7 v11 v3 v7 .`` (period 2-4, shown for two to four
-    periods); the answer is the next ``num_items`` (2) items (``v11 v3``).
-  - ``local_count``: the last paragraph holds ``there is a red cup .`` sentences for one to three colours; the
-    answer is how many times the asked colour appears (``"3"``).
+    periods); the answer is the next ``num_items`` (1) items (``v11``).
+  - ``local_count``: the last paragraph holds ``there is a red cup .`` sentences for one to three colours (each 1 to
+    ``max_count`` (4) times); the answer is how many times the asked colour appears (``"3"``).
 
   The long-range part of a robust context holds ``num_distractors`` (2) needles ``remember kX vY .`` of other keys
   and values but never the asked key, a ``sequence`` or a colour word, so it neither contradicts nor duplicates the
