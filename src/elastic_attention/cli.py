@@ -12,8 +12,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run the embedded demo (no download, CPU)")
+    demo = commands.add_parser("demo", help="train routers on the shipped tiny backbone and compare routings (CPU)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--out", default="demo_out", help="folder for the plots and numbers")
+    demo.add_argument("--samples", type=int, default=12, help="evaluation rows per (task, length)")
 
     evaluate = commands.add_parser("eval", help="evaluate a model on the synthetic task suite")
     evaluate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from elastic_attention.demo import run_demo
 
-        print(run_demo(seed=args.seed))
+        print(run_demo(args.out, seed=args.seed, samples=args.samples))
     elif args.command == "train":
         import json
 

@@ -1,7 +1,7 @@
 """Retrieval-score head ranking (paper Appendix C) and the static hybrid baseline it defines.
 
 The retrieval score of a (layer, KV head) is the attention mass that the last prompt token puts on the needle
-(evidence) tokens, averaged over the query heads of the KV head's group and over needle samples. Keeping the top
+(evidence) tokens (each needle sentence, marker to period), averaged over the query heads of the KV head's group and over needle samples. Keeping the top
 heads on full attention for a chosen MSR gives the static hybrid of the DuoAttention / PruLong family.
 """
 
@@ -35,17 +35,26 @@ AttentionInterface.register(PROBE_NAME, _probe_attention)
 
 
 def evidence_positions(tokenizer, row: TaskRow, prompt_ids: list[int]) -> list[int]:
-    """Prompt token positions of the row's evidence (needle) tokens.
+    """Prompt token positions of the row's evidence (needle) sentences.
 
+    ``evidence_offsets`` point at the first token of each needle (``remember k v .``); a needle runs to its period.
     The context starts right after the instruction, wherever the chat template puts the instruction.
     """
     offsets = row.metadata.get("evidence_offsets")
     if not offsets:
         raise InputError(f"row of task {row.task!r} has no evidence_offsets; rank heads on needle tasks")
     instruction = tokenizer.encode(row.instruction, add_special_tokens=False)
+    period = tokenizer.convert_tokens_to_ids(".")
     for start in range(len(prompt_ids) - len(instruction) + 1):
         if prompt_ids[start : start + len(instruction)] == instruction:
-            return [start + len(instruction) + offset for offset in offsets]
+            positions = []
+            for offset in offsets:
+                position = start + len(instruction) + offset
+                while position < len(prompt_ids) and prompt_ids[position] != period:
+                    positions.append(position)
+                    position += 1
+                positions.append(position)
+            return positions
     raise InputError(f"the instruction of a {row.task!r} row is not in its rendered prompt")
 
 

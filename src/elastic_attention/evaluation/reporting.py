@@ -6,6 +6,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from elastic_attention.evaluation.runner import CellResult
 from elastic_attention.io import atomic_write_text
 
@@ -60,3 +62,31 @@ def plot_accuracy_vs_msr(results: Sequence[CellResult], path: str | Path) -> Non
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def plot_head_routing(frequency: dict[str, torch.Tensor], path: Path) -> Path:
+    """Heatmaps of head-routing frequency per task (the paper's Figure 6).
+
+    Args:
+        frequency: task -> [layers, Hkv] share of samples that route the head to full attention.
+        path: PNG file to write.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(frequency)
+    figure, axes = plt.subplots(1, len(tasks), figsize=(2.6 * len(tasks) + 1.5, 3.6), squeeze=False)
+    for axis, task in zip(axes[0], tasks):
+        image = axis.imshow(frequency[task].numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        axis.set_title(task, fontsize=8)
+        axis.set_xlabel("KV head")
+        axis.set_xticks(range(frequency[task].shape[1]))
+        axis.set_yticks(range(frequency[task].shape[0]))
+    axes[0, 0].set_ylabel("layer")
+    figure.colorbar(image, ax=axes[0].tolist(), label="share routed to full attention")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)

@@ -39,6 +39,7 @@ class CellResult:
         esr_last: mean effective sparsity of the last routed layer.
         esr_mean: mean effective sparsity over the routed layers.
         seconds: wall-clock time of the cell.
+        head_full_share: [routed layers][Hkv] share of the rows that routed each KV head to full attention.
     """
 
     mode: str
@@ -50,6 +51,7 @@ class CellResult:
     esr_last: float
     esr_mean: float
     seconds: float
+    head_full_share: list[list[float]]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,10 +62,11 @@ def evaluate_rows(model: nn.Module, tokenizer, rows: list[TaskRow], batch_size: 
     """Greedy answers for ``rows`` on an attached model, in left-padded batches.
 
     Returns:
-        ``{"correct": [...], "msr": [...], "esr_last": [...], "esr_mean": [...]}``, one entry per row.
+        ``{"correct": [...], "msr": [...], "esr_last": [...], "esr_mean": [...], "decisions": [...]}``, one entry
+        per row (decisions as [routed layers, Hkv] bool tensors).
     """
     device = next(model.parameters()).device
-    results: dict[str, list[float]] = {"correct": [], "msr": [], "esr_last": [], "esr_mean": []}
+    results: dict[str, list] = {"correct": [], "msr": [], "esr_last": [], "esr_mean": [], "decisions": []}
     for start in range(0, len(rows), batch_size):
         batch_rows = rows[start : start + batch_size]
         encoded = [encode_row(tokenizer, row) for row in batch_rows]
@@ -89,6 +92,7 @@ def evaluate_rows(model: nn.Module, tokenizer, rows: list[TaskRow], batch_size: 
         results["msr"].extend(report.msr.tolist())
         results["esr_last"].extend(report.esr_last.tolist())
         results["esr_mean"].extend(report.esr_mean.tolist())
+        results["decisions"].extend(report.decisions.cpu())
     return results
 
 
@@ -148,6 +152,7 @@ def run_evaluation(
                         esr_last=_mean(cell["esr_last"]),
                         esr_mean=_mean(cell["esr_mean"]),
                         seconds=time.perf_counter() - started,
+                        head_full_share=torch.stack(cell["decisions"]).float().mean(0).tolist(),
                     )
                     results.append(result)
                     if on_cell is not None:

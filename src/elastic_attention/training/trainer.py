@@ -221,8 +221,8 @@ class RouterTrainer:
             values = merged.get(task)
             metrics[f"msr/{task}"] = sum(values) / len(values) if values else float("nan")
             index = self.objective.tasks.index(task)
-            metrics[f"lambda1/{task}"] = float(self.objective.lambda1[index])
-            metrics[f"lambda2/{task}"] = float(self.objective.lambda2[index])
+            metrics[f"lambda1/{task}"] = float(self.objective.lambda1.detach()[index])
+            metrics[f"lambda2/{task}"] = float(self.objective.lambda2.detach()[index])
         return metrics
 
     # -- checkpoints -------------------------------------------------------------------------------------------
