@@ -195,3 +195,10 @@ def test_two_gloo_processes_match_one_process(tmp_path, random_suite_backbone):
     assert result.returncode == 0, result.stderr[-3000:]
     for name, value in routers(tmp_path / "single").items():
         torch.testing.assert_close(routers(tmp_path / "double")[name], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_are_valid(path):
+    config = TrainConfig.from_yaml(path)
+    assert (ROOT / config.model).exists() or Path(config.model).exists()
+    assert path.read_text().startswith(f"# elastic-attention train configs/{path.name}")
