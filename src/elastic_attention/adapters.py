@@ -49,18 +49,34 @@ def model_signature(model: nn.Module) -> dict[str, object]:
     }
 
 
-def save_router(model: nn.Module, path: str | Path) -> Path:
+def router_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Router weights of an attached model as full float32 CPU tensors, keyed ``layers.{i}.<name>``.
+
+    Sharded (FSDP2 DTensor) weights are gathered: under torch.distributed, call it on every process.
+    """
+    state = {}
+    for index, router in routers_of(model).items():
+        for name, parameter in router.state_dict().items():
+            tensor = parameter.detach()
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            state[f"layers.{index}.{name}"] = tensor.to("cpu", torch.float32).contiguous()
+    return state
+
+
+def save_router(model: nn.Module, path: str | Path, state: dict[str, torch.Tensor] | None = None) -> Path:
     """Save the routers of an attached model as an adapter folder (files written atomically).
+
+    Args:
+        model: the attached model.
+        path: adapter folder.
+        state: weights from `router_state_dict`, when they were gathered beforehand (distributed runs).
 
     Returns:
         The adapter folder.
     """
     path = Path(path)
-    tensors = {
-        f"layers.{index}.{name}": parameter.detach().to("cpu", torch.float32).contiguous()
-        for index, router in routers_of(model).items()
-        for name, parameter in router.state_dict().items()
-    }
+    tensors = state if state is not None else router_state_dict(model)
     atomic_write_bytes(path / WEIGHTS_FILE, safetensors_bytes(tensors, metadata={"format": "elastic-attention"}))
     document = {
         "format_version": ADAPTER_FORMAT_VERSION,

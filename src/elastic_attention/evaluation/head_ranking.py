@@ -16,6 +16,7 @@ from elastic_attention.errors import InputError
 from elastic_attention.evaluation.tasks import TaskRow
 from elastic_attention.evaluation.vocabulary import encode_row
 from elastic_attention.integration import is_attached
+from elastic_attention.integration.families import attention_modules, decoder_of, family_of
 
 PROBE_NAME = "elastic_attention_probe"
 _LAST_ROW_ATTRIBUTE = "_elastic_probe_last_row"
@@ -74,7 +75,8 @@ def retrieval_scores(model: nn.Module, tokenizer, rows: list[TaskRow]) -> torch.
         raise InputError("rank heads on the unmodified model: call detach(model) first")
     previous = model.config._attn_implementation
     model.set_attn_implementation(PROBE_NAME)
-    attention_layers = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj")]
+    _, family = family_of(model)
+    attention_layers = attention_modules(decoder_of(model, family), family)
     device = next(model.parameters()).device
     total = None
     try:

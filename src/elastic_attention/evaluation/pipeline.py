@@ -75,8 +75,10 @@ def evaluate_model(
 ) -> tuple[list[CellResult], dict]:
     """Evaluate ``modes`` on a plain (not yet attached) model.
 
-    The static mode keeps the top retrieval-score heads on full attention at ``static_msr``; when that is None and
-    ``elastic`` runs too, the static hybrid takes the elastic run's average MSR (the paper's comparison).
+    With ``router``, the model is attached with the adapter's configuration (``config`` is then unused); without,
+    with ``config`` and untrained routers (fine for the full, static and sparse modes). The static mode keeps the top
+    retrieval-score heads on full attention at ``static_msr``; when that is None and ``elastic`` runs too, the static
+    hybrid takes the elastic run's average MSR (the paper's comparison).
 
     Returns:
         (results, context): the cells and a dict of what was used (static MSR, head set, config).

@@ -122,11 +122,11 @@ def pack_rows(
         raise InputError(f"the packing budget must be at least 2 tokens, got {budget}")
     if on_overlong not in ("error", "skip"):
         raise InputError(f"on_overlong must be 'error' or 'skip', got {on_overlong!r}")
-    overlong = [index for index, row in enumerate(rows) if len(row) > budget]
+    overlong = {index for index, row in enumerate(rows) if len(row) > budget}
     if overlong and on_overlong == "error":
         raise InputError(
-            f"{len(overlong)} rows are longer than the packing budget of {budget} tokens (first: row {overlong[0]} "
-            f"with {len(rows[overlong[0]])} tokens); raise the budget or pass on_overlong='skip'"
+            f"{len(overlong)} rows are longer than the packing budget of {budget} tokens (first: row {min(overlong)} "
+            f"with {len(rows[min(overlong)])} tokens); raise the budget or pass on_overlong='skip'"
         )
     if overlong:
         logger.warning("skipped %d rows longer than the packing budget of %d tokens", len(overlong), budget)

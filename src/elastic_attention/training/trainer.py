@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from elastic_attention.adapters import save_router
+from elastic_attention.adapters import router_state_dict, save_router
 from elastic_attention.integration import attach, routers_of, routing_report, runtime_of
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.checkpoint import flatten_optimizer, load_latest, save_checkpoint, unflatten_optimizer
@@ -171,7 +171,9 @@ class RouterTrainer:
             )
             msr = routing_report(self.model).msr
             regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
-            loss = (output.loss.float() + regularisation) / len(order)
+            # Every process scales by world / packs: averaging gradients over processes (FSDP's reduce-scatter, the
+            # all-reduce below) then yields the mean over the step's packs, however they are split.
+            loss = (output.loss.float() + regularisation) * self.world_size / len(order)
             loss.backward()
             sums["lm_loss"] += float(output.loss.detach())
             sums["reg_loss"] += float(regularisation.detach())
@@ -198,6 +200,7 @@ class RouterTrainer:
                 parameter.grad = torch.zeros_like(parameter)
             if not _is_sharded(parameter):
                 dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+                parameter.grad.div_(self.world_size)
 
     def _metrics(self, sums, task_msr, packs: int, temperature: float, scale: float) -> dict:
         totals = torch.tensor([sums["lm_loss"], sums["reg_loss"]], dtype=torch.float64)
@@ -264,9 +267,10 @@ class RouterTrainer:
 
     def finish(self, summary: dict) -> dict:
         """Save the router adapter, the summary and the plots (rank 0)."""
+        state = router_state_dict(self.model)
         if self.rank != 0:
             return summary
-        adapter = save_router(self.model, self.output_dir / "router")
+        adapter = save_router(self.model, self.output_dir / "router", state)
         summary = {**summary, "adapter": str(adapter), "config": self.config.to_dict()}
         atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
         try:
