@@ -109,8 +109,8 @@ class ElasticRuntime:
             if routed.shape[0] != layout.num_sequences:
                 raise InputError(
                     f"this decode step has {layout.num_sequences} sequences but the prefill routed "
-                    f"{routed.shape[0]}; elastic attention does not support reordering or resizing the batch "
-                    "between prefill and decode (beam search, dropping finished rows)"
+                    f"{routed.shape[0]}; the batch must keep its rows from prefill to the last decode step "
+                    "(rows cannot be dropped or added between them)"
                 )
         else:
             self.decisions = {}
