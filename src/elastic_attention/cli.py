@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    for module in ("yaml", "matplotlib") if args.command in ("train", "eval", "demo") else ():
+        if importlib.util.find_spec(module) is None:
+            raise SystemExit(f"`elastic-attention {args.command}` needs {module}: pip install 'elastic-attention[train]'")
     if args.command == "demo":
         from elastic_attention.demo import run_demo
 
