@@ -92,5 +92,6 @@ def test_xa_heads_match_float64_with_their_selection():
 def test_backend_resolution():
     assert get_backend("auto").name == "reference"
     assert get_backend("reference").name == "reference"
+    assert get_backend("flex").name == "flex"
     with pytest.raises(BackendUnavailableError, match="unknown attention backend 'cuda9'"):
         get_backend("cuda9")

@@ -1,0 +1,111 @@
+"""FlexAttention backend: one flex_attention launch per layer, its BlockMask built from the block tables.
+
+Each sequence is gathered into its own batch row of a left-aligned buffer (logical position p at index p - offset),
+so the kernel's block grid is the sequences' logical block grid whatever the padding or packing. The BlockMask comes
+from the tables with `BlockMask.from_kv_blocks` (no per-position mask is materialized); its mask_mod adds causality
+and the sequence end. Every listed block is treated as partial (masked); marking interior blocks full is a later
+optimisation.
+
+Queries of a sequence must start on a block boundary (prefill) or lie inside one block (a decode step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from elastic_attention.errors import BackendUnavailableError, InputError
+from elastic_attention.patterns import BlockTables, SequenceLayout
+
+
+def flex_available() -> tuple[bool, str]:
+    """Whether FlexAttention can run here, and why not."""
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
+    except ImportError as error:
+        return False, f"torch {torch.__version__} has no FlexAttention ({error}); it needs torch >= 2.6"
+    return True, ""
+
+
+class FlexBackend:
+    """Hybrid attention through torch's compiled FlexAttention.
+
+    Always compiled: besides being the fast path, it is the correct one; eager flex_attention (seen with torch 2.13 on
+    CPU) gives wrong results for query blocks whose key-block list has a gap, which SSA rows have.
+    """
+
+    name = "flex"
+
+    def __init__(self) -> None:
+        available, reason = flex_available()
+        if not available:
+            raise BackendUnavailableError(f"backend 'flex' cannot run: {reason}")
+        from torch.nn.attention.flex_attention import flex_attention
+
+        self._flex = torch.compile(flex_attention, dynamic=True)
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        layout: SequenceLayout,
+        tables: BlockTables,
+        scale: float,
+    ) -> torch.Tensor:
+        from torch.nn.attention.flex_attention import BlockMask
+
+        size = tables.block_size
+        spans = layout.spans()
+        offsets = [length - count for _, _, length, _, count in spans]
+        for offset, (_, _, length, _, count) in zip(offsets, spans):
+            if count and offset % size and (offset // size) != (length - 1) // size:
+                raise InputError(
+                    f"the flex backend needs query chunks that start on a block boundary or fit in one block; "
+                    f"got queries {offset}..{length - 1} with block size {size}"
+                )
+        device = query.device
+        num_sequences = len(spans)
+        key_len = max(length for _, _, length, _, _ in spans)
+        query_len = max(count for *_, count in spans)
+        padded_keys = -(-key_len // size) * size
+        padded_queries = -(-query_len // size) * size
+        queries = query.new_zeros(num_sequences, query.shape[1], padded_queries, query.shape[3])
+        keys = key.new_zeros(num_sequences, key.shape[1], padded_keys, key.shape[3])
+        values = value.new_zeros(num_sequences, value.shape[1], padded_keys, value.shape[3])
+        for n, (row, start, length, first_row, count) in enumerate(spans):
+            queries[n, :, :count] = query[row, :, first_row : first_row + count]
+            keys[n, :, :length] = key[row, :, start : start + length]
+            values[n, :, :length] = value[row, :, start : start + length]
+
+        lengths = torch.tensor([length for _, _, length, _, _ in spans], device=device)
+        query_offsets = torch.tensor(offsets, device=device)
+
+        def causal_within_sequence(batch, head, query_index, key_index):
+            position = query_index + query_offsets[batch]
+            return (key_index <= position) & (position < lengths[batch])
+
+        num_key_blocks = padded_keys // size
+        counts = tables.kv_block_count.to(device)
+        index = tables.kv_block_index.to(device).clamp(min=0)
+        rows = padded_queries // size
+        counts, index = _fit_rows(counts, index, rows, num_key_blocks)
+        block_mask = BlockMask.from_kv_blocks(
+            counts, index, BLOCK_SIZE=size, mask_mod=causal_within_sequence, seq_lengths=(padded_queries, padded_keys)
+        )
+        attended = self._flex(queries, keys, values, block_mask=block_mask, scale=scale, enable_gqa=True)
+        output = torch.zeros_like(query)
+        for n, (row, _, _, first_row, count) in enumerate(spans):
+            output[row, :, first_row : first_row + count] = attended[n, :, :count]
+        return output
+
+
+def _fit_rows(counts: torch.Tensor, index: torch.Tensor, rows: int, num_key_blocks: int):
+    """Tables with exactly ``rows`` query-block rows and ``num_key_blocks`` index columns (zero-filled)."""
+    counts = counts[:, :, :rows]
+    index = index[:, :, :rows, :num_key_blocks]
+    if counts.shape[2] < rows:
+        counts = torch.nn.functional.pad(counts, (0, rows - counts.shape[2]))
+        index = torch.nn.functional.pad(index, (0, 0, 0, rows - index.shape[2]))
+    if index.shape[3] < num_key_blocks:
+        index = torch.nn.functional.pad(index, (0, num_key_blocks - index.shape[3]))
+    return counts.contiguous(), index.contiguous()

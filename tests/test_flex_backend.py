@@ -1,0 +1,67 @@
+"""The FlexAttention backend (compiled, also on CPU) against the reference backend."""
+
+import pytest
+import torch
+
+from elastic_attention import ElasticConfig, InputError
+from elastic_attention.backends import ReferenceBackend
+from elastic_attention.backends.flex import FlexBackend
+from elastic_attention.patterns import FULL, MODE_CODES, SequenceLayout, build_block_tables
+
+BACKEND = FlexBackend()
+
+
+def run_both(query, key, value, layout, modes, config, scale=0.125):
+    tables = build_block_tables(layout, modes, config, query.shape[1], query=query, key=key, scale=scale)
+    expected = ReferenceBackend().attend(query, key, value, layout, tables, scale)
+    actual = BACKEND.attend(query, key, value, layout, tables, scale)
+    return actual, expected
+
+
+@pytest.mark.parametrize("configuration", ["fa-ssa", "fa-xa", "xa-ssa"])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prefill_with_padding_matches_the_reference(configuration, group, head_dim):
+    torch.manual_seed(group * head_dim)
+    config = ElasticConfig(configuration=configuration, block_size=16, sink_tokens=16, local_tokens=32, xa_stride=4,
+                           xa_threshold=0.8)
+    kv_heads, width = 2, 77
+    mask = torch.zeros(3, width, dtype=torch.bool)
+    mask[0] = True
+    mask[1, 30:] = True
+    mask[2, :41] = True
+    layout = SequenceLayout.from_padding_mask(mask)
+    query = torch.randn(3, kv_heads * group, width, head_dim)
+    key, value = torch.randn(2, 3, kv_heads, width, head_dim)
+    retrieval, sparse = MODE_CODES[config.retrieval_mode], MODE_CODES[config.sparse_mode]
+    modes = torch.tensor([[retrieval, sparse], [sparse, sparse], [retrieval, retrieval]])
+    actual, expected = run_both(query, key, value, layout, modes, config)
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_packed_sequences_and_a_decode_step_match_the_reference():
+    torch.manual_seed(0)
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=16, xa_stride=4)
+    layout = SequenceLayout.from_position_ids(torch.tensor([list(range(37)) + list(range(50))]))
+    query = torch.randn(1, 4, 87, 32)
+    key, value = torch.randn(2, 1, 2, 87, 32)
+    modes = torch.tensor([[FULL, 1], [1, FULL]])
+    actual, expected = run_both(query, key, value, layout, modes, config)
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+
+    mask = torch.ones(2, 61, dtype=torch.bool)
+    mask[1, :9] = False
+    decode = SequenceLayout.from_padding_mask(mask, query_len=1)
+    query = torch.randn(2, 4, 1, 32)
+    key, value = torch.randn(2, 2, 2, 61, 32)
+    actual, expected = run_both(query, key, value, decode, modes, config)
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_query_chunks_across_a_block_boundary_are_refused():
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=16, xa_stride=4)
+    layout = SequenceLayout.dense(1, 40, query_len=10)  # queries 30..39 cross the block boundary at 32
+    query, key = torch.randn(1, 2, 10, 8), torch.randn(1, 2, 40, 8)
+    tables = build_block_tables(layout, torch.tensor([[FULL, FULL]]), config, 2)
+    with pytest.raises(InputError, match="block boundary"):
+        BACKEND.attend(query, key, key, layout, tables, 0.3)
