@@ -65,3 +65,23 @@ def test_query_chunks_across_a_block_boundary_are_refused():
     tables = build_block_tables(layout, torch.tensor([[FULL, FULL]]), config, 2)
     with pytest.raises(InputError, match="block boundary"):
         BACKEND.attend(query, key, key, layout, tables, 0.3)
+
+
+def test_attached_model_gives_the_same_logits_with_flex_and_reference():
+    from conftest import tiny_model
+
+    import elastic_attention as ea
+
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=16, xa_stride=4)
+    ids = torch.randint(1, 97, (2, 50))
+    mask = torch.ones(2, 50, dtype=torch.long)
+    mask[1, :13] = 0
+    heads = torch.tensor([[True, False], [False, True]])
+    logits = {}
+    for backend in ("reference", "flex"):
+        model = ea.attach(tiny_model("qwen3"), config, backend=backend)
+        ea.force_routing(model, heads)
+        with torch.no_grad():
+            logits[backend] = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(logits["flex"][0], logits["reference"][0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(logits["flex"][1, 13:], logits["reference"][1, 13:], atol=2e-5, rtol=1e-4)
