@@ -13,7 +13,6 @@ import csv
 import json
 import logging
 import math
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -26,6 +25,14 @@ from elastic_attention.integration import attach, routers_of, routing_report, ru
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.checkpoint import flatten_optimizer, load_latest, save_checkpoint, unflatten_optimizer
 from elastic_attention.training.config import TrainConfig
+from elastic_attention.training.distributed import (
+    copy_into,
+    distributed_rank,
+    full_tensor,
+    is_sharded,
+    shard_backbone,
+    training_device,
+)
 from elastic_attention.training.data import Pack, Row, encode_row, load_rows, pack_rows
 from elastic_attention.training.objective import SparsityObjective
 
@@ -44,7 +51,7 @@ class RouterTrainer:
         self.config = config
         self.progress = progress
         self.output_dir = Path(config.output_dir)
-        self.rank, self.world_size = _distributed_rank()
+        self.rank, self.world_size = distributed_rank()
         self.step = 0
         self.history: list[dict] = []
 
@@ -55,7 +62,7 @@ class RouterTrainer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         config = self.config
-        self.device = _device(config.device, self.rank)
+        self.device = training_device(config.device, self.rank)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         torch.manual_seed(config.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)
@@ -64,7 +71,7 @@ class RouterTrainer:
         for router in routers_of(model).values():
             router.float()
         if config.distributed == "fsdp":
-            _shard_backbone(model)
+            shard_backbone(model)
         self.model = model.train()
         self.runtime = runtime_of(model)
         self.objective = SparsityObjective(config.targets, config.linear_term, config.bounds).to(self.device)
@@ -198,7 +205,7 @@ class RouterTrainer:
         for parameter in [*self.router_parameters, *self.objective.parameters()]:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
-            if not _is_sharded(parameter):
+            if not is_sharded(parameter):
                 dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
                 parameter.grad.div_(self.world_size)
 
@@ -231,10 +238,10 @@ class RouterTrainer:
     # -- checkpoints -------------------------------------------------------------------------------------------
 
     def _state_tensors(self) -> dict[str, torch.Tensor]:
-        tensors = {f"router.{name}": _full(p) for name, p in self.model.named_parameters() if p.requires_grad}
+        tensors = {f"router.{name}": full_tensor(p) for name, p in self.model.named_parameters() if p.requires_grad}
         tensors.update({f"objective.{name}": p.detach() for name, p in self.objective.named_parameters()})
         optimizer_tensors, _ = flatten_optimizer(self.optimizer.state_dict())
-        tensors.update({name: _full(value) for name, value in optimizer_tensors.items()})
+        tensors.update({name: full_tensor(value) for name, value in optimizer_tensors.items()})
         return tensors
 
     def save_checkpoint(self) -> Path | None:
@@ -255,7 +262,7 @@ class RouterTrainer:
         with torch.no_grad():
             for name, parameter in self.model.named_parameters():
                 if parameter.requires_grad:
-                    _copy_into(parameter, tensors[f"router.{name}"])
+                    copy_into(parameter, tensors[f"router.{name}"])
             for name, parameter in self.objective.named_parameters():
                 parameter.copy_(tensors[f"objective.{name}"])
         optimizer_state = unflatten_optimizer(tensors, scalars["param_groups"])
@@ -334,51 +341,3 @@ def _postfix(metrics: dict) -> str:
     msr = " ".join(f"{k.split('_')[-1]}={v:.2f}" for k, v in metrics.items() if k.startswith("msr/") and v == v)
     lambdas = " ".join(f"{v:+.2f}" for k, v in metrics.items() if k.startswith("lambda1/"))
     return f"lm {metrics['lm_loss']:.3f} reg {metrics['reg_loss']:+.3f} | MSR {msr} | l1 {lambdas}"
-
-
-def _distributed_rank() -> tuple[int, int]:
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return 0, 1
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() and os.environ.get("ELASTIC_DEVICE") != "cpu" else "gloo"
-        dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _device(name: str, rank: int) -> torch.device:
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    index = int(os.environ.get("LOCAL_RANK", rank)) if torch.cuda.device_count() > 1 else 0
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
-
-
-def _shard_backbone(model) -> None:
-    """FSDP2: shard every decoder layer (routers included) and the root over the process group."""
-    try:
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:
-        from torch.distributed._composable.fsdp import fully_shard
-
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-
-
-def _is_sharded(parameter: torch.Tensor) -> bool:
-    return type(parameter).__name__ == "DTensor" or type(getattr(parameter, "data", None)).__name__ == "DTensor"
-
-
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    tensor = tensor.detach()
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def _copy_into(parameter: torch.Tensor, value: torch.Tensor) -> None:
-    if hasattr(parameter, "full_tensor"):
-        from torch.distributed.tensor import distribute_tensor
-
-        parameter.copy_(distribute_tensor(value.to(parameter.dtype), parameter.device_mesh, parameter.placements))
-    else:
-        parameter.copy_(value)
