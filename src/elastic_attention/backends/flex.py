@@ -17,6 +17,9 @@ from elastic_attention.errors import BackendUnavailableError, InputError
 from elastic_attention.patterns import BlockTables, SequenceLayout
 
 
+_RECOMPILE_LIMIT = 64
+
+
 def flex_available() -> tuple[bool, str]:
     """Whether FlexAttention can run here, and why not."""
     try:
@@ -41,6 +44,12 @@ class FlexBackend:
             raise BackendUnavailableError(f"backend 'flex' cannot run: {reason}")
         from torch.nn.attention.flex_attention import flex_attention
 
+        # Past the recompile limit dynamo runs flex_attention eagerly, which is wrong for SSA rows (above): leave
+        # room for the shapes of several models and head layouts in one process.
+        dynamo_config = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dynamo_config, name):
+                setattr(dynamo_config, name, max(getattr(dynamo_config, name), _RECOMPILE_LIMIT))
         self._flex = torch.compile(flex_attention, dynamic=True)
 
     def attend(
