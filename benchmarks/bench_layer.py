@@ -1,0 +1,141 @@
+"""One hybrid attention layer: backends against dense attention and the ideal (issue 5, item 4a).
+
+For each length and MSR (the share of KV heads routed to SSA), it times the routing work (router on pooled keys,
+block tables) and the attention kernel of each backend, next to dense causal SDPA in the same run; "ideal" is the
+dense time multiplied by the fraction of causal blocks the hybrid layer attends. Every backend is checked against
+the reference backend before it is timed. Results go to a JSON file with the date, device and command.
+
+  python benchmarks/bench_layer.py --lengths 8k,32k,128k --msr 0.25,0.5,0.75,1.0 --out benchmarks/results/layer.json
+  python benchmarks/bench_layer.py --device cpu --lengths 512 --heads 4 --kv-heads 2 --head-dim 32 --repeats 2 \\
+      --out /tmp/layer.json                                                      (a smoke run on a CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from elastic_attention import AttentionRouter, ElasticConfig  # noqa: E402
+from elastic_attention.backends import ReferenceBackend, get_backend  # noqa: E402
+from elastic_attention.patterns import FULL, SSA, SequenceLayout, build_block_tables  # noqa: E402
+from elastic_attention.router import boundary_pool  # noqa: E402
+
+
+def timed(function, device: torch.device, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of ``function()`` over ``repeats`` runs after ``warmup`` (CUDA events on a GPU)."""
+    for _ in range(warmup):
+        function()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            function()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / 1000)
+        else:
+            began = time.perf_counter()
+            function()
+            samples.append(time.perf_counter() - began)
+    return statistics.median(samples)
+
+
+def attended_block_fraction(tables, length: int) -> float:
+    """Attended (query block, key block) pairs over causal pairs, over all heads."""
+    blocks = (length - 1) // tables.block_size + 1
+    return float(tables.kv_block_count.sum()) / (tables.kv_block_count.shape[1] * blocks * (blocks + 1) / 2)
+
+
+def run(args) -> dict:
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config = ElasticConfig(block_size=args.block_size, sink_tokens=args.sink, local_tokens=args.local)
+    router = AttentionRouter(args.head_dim).to(device).eval()
+    backends = {name: get_backend(name) for name in args.backends}
+    rows = []
+    for length in args.lengths:
+        generator = torch.Generator(device).manual_seed(length)
+        shape = (1, args.heads, length, args.head_dim)
+        query = torch.randn(shape, device=device, dtype=dtype, generator=generator)
+        key = torch.randn((1, args.kv_heads, length, args.head_dim), device=device, dtype=dtype, generator=generator)
+        value = torch.randn_like(key)
+        layout = SequenceLayout.dense(1, length)
+        scale = args.head_dim**-0.5
+        dense = timed(lambda: F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True),
+                      device, args.repeats)
+        for msr in args.msr:
+            sparse_heads = round(msr * args.kv_heads)
+            modes = torch.tensor([[SSA] * sparse_heads + [FULL] * (args.kv_heads - sparse_heads)], device=device)
+
+            def routing():
+                pooled = boundary_pool(key.transpose(1, 2), layout, config.pool_first, config.pool_last)
+                router(pooled)
+                return build_block_tables(layout, modes, config, args.heads, query=query, key=key, scale=scale)
+
+            tables = routing()
+            routing_seconds = timed(routing, device, args.repeats)
+            fraction = attended_block_fraction(tables, length)
+            row = {"length": length, "msr": msr, "dense_sdpa_s": dense, "ideal_s": dense * fraction,
+                   "attended_block_fraction": fraction, "routing_and_tables_s": routing_seconds}
+            for name, backend in backends.items():
+                if length <= args.check_up_to:
+                    expected = ReferenceBackend().attend(query, key, value, layout, tables, scale)
+                    actual = backend.attend(query, key, value, layout, tables, scale)
+                    error = float((actual.float() - expected.float()).abs().max())
+                    if error > args.tolerance:
+                        raise SystemExit(f"{name} differs from the reference by {error} at length {length}")
+                    row[f"{name}_max_error"] = error
+                kernel = timed(lambda: backend.attend(query, key, value, layout, tables, scale), device, args.repeats)
+                row[f"{name}_kernel_s"] = kernel
+                row[f"{name}_total_s"] = kernel + routing_seconds
+                row[f"{name}_total_over_ideal"] = (kernel + routing_seconds) / row["ideal_s"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+        "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "dtype": str(dtype)},
+        "config": config.to_dict(),
+        "baseline": "dense causal torch SDPA (default kernel choice) in the same run",
+        "rows": rows,
+    }
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    tokens = lambda text: [int(t[:-1]) * 1024 if t.endswith("k") else int(t) for t in text.split(",")]  # noqa: E731
+    parser.add_argument("--lengths", type=tokens, default=tokens("8k,32k,128k"))
+    parser.add_argument("--msr", type=lambda t: [float(x) for x in t.split(",")], default=[0.25, 0.5, 0.75, 1.0])
+    parser.add_argument("--backends", type=lambda t: t.split(","), default=["flex"])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--sink", type=int, default=128)
+    parser.add_argument("--local", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--check-up-to", type=int, default=8192, help="check backends against the reference up to")
+    parser.add_argument("--tolerance", type=float, default=3e-2)
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    result = run(arguments)
+    arguments.out.parent.mkdir(parents=True, exist_ok=True)
+    arguments.out.write_text(json.dumps(result, indent=2))
