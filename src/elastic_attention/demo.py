@@ -46,7 +46,6 @@ def demo_config(output_dir: Path, seed: int = 0) -> TrainConfig:
 
 def run_demo(output_dir: str | Path = "demo_out", seed: int = 0, samples: int = 12, progress: bool = True) -> str:
     """Train, evaluate, write table/JSON/plots under ``output_dir``; returns the printed report."""
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     output_dir = Path(output_dir)
     config = demo_config(output_dir, seed)
     summary = train(config, progress=progress)

@@ -65,7 +65,7 @@ class FlexBackend:
 
         size = tables.block_size
         spans = layout.spans()
-        offsets = [length - count for _, _, length, _, count in spans]
+        offsets = [first for first, _ in layout.query_positions()]
         for offset, (_, _, length, _, count) in zip(offsets, spans):
             if count and offset % size and (offset // size) != (length - 1) // size:
                 raise InputError(

@@ -119,11 +119,14 @@ class RouterTrainer:
         """Global pack indices of ``step``: an epoch-wise permutation seeded by (seed, epoch)."""
         per_step, count = self.config.packs_per_step, len(self.packs)
         positions = range(step * per_step, (step + 1) * per_step)
+        permutations: dict[int, torch.Tensor] = {}
         order = []
         for position in positions:
             epoch, offset = divmod(position, count)
-            permutation = torch.randperm(count, generator=torch.Generator().manual_seed(self.config.data.seed + epoch))
-            order.append(int(permutation[offset]))
+            if epoch not in permutations:
+                generator = torch.Generator().manual_seed(self.config.data.seed + epoch)
+                permutations[epoch] = torch.randperm(count, generator=generator)
+            order.append(int(permutations[epoch][offset]))
         return order
 
     def train(self) -> dict:
