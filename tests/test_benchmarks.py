@@ -1,6 +1,7 @@
 """The GPU benchmark scripts run end to end at CPU-sized shapes (their numbers come from the device machine)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,19 +9,38 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 
 
 @pytest.mark.slow
 def test_layer_benchmark_smoke_run_on_cpu(tmp_path):
     out = tmp_path / "layer.json"
     subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_layer.py"), "--device", "cpu", "--lengths", "300",
+        [sys.executable, "-m", "elastic_attention.cli", "bench", "layer", "--device", "cpu", "--lengths", "300",
          "--msr", "0.5", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--block-size", "64", "--sink", "64",
-         "--local", "128", "--repeats", "1", "--tolerance", "1e-4", "--out", str(out)],
-        check=True, capture_output=True,
+         "--local", "128", "--repeats", "1", "--tolerance", "1e-4",
+         "--backends", "flex", "--out", str(out)],
+        check=True, capture_output=True, env=ENV,
     )
     result = json.loads(out.read_text())
     row = result["rows"][0]
     assert result["device"] == "cpu" and result["command"]
     assert row["flex_max_error"] < 1e-4 and 0 < row["attended_block_fraction"] <= 1
     assert row["ideal_s"] == pytest.approx(row["dense_sdpa_s"] * row["attended_block_fraction"])
+
+
+@pytest.mark.slow
+def test_prefill_benchmark_smoke_run_on_cpu(tmp_path):
+    out = tmp_path / "prefill.json"
+    subprocess.run(
+        [sys.executable, "-m", "elastic_attention.cli", "bench", "prefill", "--device", "cpu", "--layers", "2",
+         "--hidden", "128", "--heads", "4", "--kv-heads", "2", "--intermediate", "256", "--vocab", "500",
+         "--lengths", "300", "--configurations", "fa-ssa,xa-ssa", "--modes", "sdpa", "--backend", "flex",
+         "--block-size", "64", "--sink", "64", "--local", "128", "--msr", "0.5", "--repeats", "1", "--out", str(out)],
+        check=True, capture_output=True, env=ENV,
+    )
+    result = json.loads(out.read_text())
+    models = [row["model"] for row in result["rows"]]
+    assert models == ["sdpa", "elastic-fa-ssa", "elastic-xa-ssa"]
+    fa_ssa = result["rows"][1]
+    assert fa_ssa["msr"] == pytest.approx(0.5) and 0 < fa_ssa["esr_mean"] < 1 and fa_ssa["seconds"] > 0

@@ -203,3 +203,42 @@ def test_shipped_configs_are_valid(path):
     config = TrainConfig.from_yaml(path)
     assert (ROOT / config.model).exists() or Path(config.model).exists()
     assert path.read_text().startswith(f"# elastic-attention train configs/{path.name}")
+
+
+def test_supervised_loss_equals_the_models_own_loss_over_labelled_tokens():
+    from conftest import tiny_model
+
+    from elastic_attention.training.trainer import supervised_loss
+
+    model = tiny_model("qwen3")
+    rows = [EncodedRow([5, 6, 7, 8], [9, 10], "a"), EncodedRow([11, 12, 13], [14], "b")]
+    packs = pack_rows(rows, budget=12)
+    pack = packs[0]
+    expected = model(input_ids=pack.input_ids[None], position_ids=pack.position_ids[None],
+                     labels=pack.labels[None], use_cache=False).loss
+    torch.testing.assert_close(supervised_loss(model, pack, torch.device("cpu")), expected)
+
+
+def test_gradient_checkpointing_reproduces_the_router_gradients():
+    from conftest import tiny_model
+
+    from elastic_attention import ElasticConfig, attach, routers_of, routing_report
+    from elastic_attention.integration import runtime_of
+    from elastic_attention.training.trainer import enable_gradient_checkpointing, supervised_loss
+
+    rows = [EncodedRow(list(range(3, 60)), [9, 10], "a"), EncodedRow(list(range(20, 70)), [14], "b")]
+    pack = pack_rows(rows, budget=128)[0]
+    gradients = []
+    for checkpointing in (False, True):
+        model = tiny_model("llama")
+        attach(model, ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4))
+        if checkpointing:
+            enable_gradient_checkpointing(model)
+        model.train()
+        runtime_of(model).generator = torch.Generator().manual_seed(7)
+        loss = supervised_loss(model, pack, torch.device("cpu")) + routing_report(model).msr.sum()
+        loss.backward()
+        gradients.append([p.grad.clone() for router in routers_of(model).values() for p in router.parameters()])
+    assert any(g.abs().sum() > 0 for g in gradients[0])
+    for plain, recomputed in zip(*gradients):
+        torch.testing.assert_close(recomputed, plain, rtol=1e-5, atol=1e-7)

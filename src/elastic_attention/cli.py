@@ -37,12 +37,19 @@ def main(argv: list[str] | None = None) -> int:
     trainer.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
     trainer.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    bench = commands.add_parser("bench", help="GPU benchmarks: bench layer|prefill|train-step [options] (--help of each)")
+    bench.add_argument("benchmark", choices=["layer", "prefill", "train-step"])
+    bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     for module in ("yaml", "matplotlib") if args.command in ("train", "eval", "demo") else ():
         if importlib.util.find_spec(module) is None:
             raise SystemExit(f"`elastic-attention {args.command}` needs {module}: pip install 'elastic-attention[train]'")
-    if args.command == "demo":
+    if args.command == "bench":
+        module = args.benchmark.replace("-", "_")
+        importlib.import_module(f"elastic_attention.bench.{module}").main(args.options)
+    elif args.command == "demo":
         from elastic_attention.demo import run_demo
 
         print(run_demo(args.out, seed=args.seed, samples=args.samples))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from elastic_attention.backends.sequences import AlignedSequences, fit_tables
 from elastic_attention.errors import BackendUnavailableError, InputError
 from elastic_attention.patterns import BlockTables, SequenceLayout
 
@@ -72,49 +73,23 @@ class FlexBackend:
                     f"the flex backend needs query chunks that start on a block boundary or fit in one block; "
                     f"got queries {offset}..{length - 1} with block size {size}"
                 )
+        aligned = AlignedSequences.gather(query, key, value, layout, size, allow_views=False)
         device = query.device
-        num_sequences = len(spans)
-        key_len = max(length for _, _, length, _, _ in spans)
-        query_len = max(count for *_, count in spans)
-        padded_keys = -(-key_len // size) * size
-        padded_queries = -(-query_len // size) * size
-        queries = query.new_zeros(num_sequences, query.shape[1], padded_queries, query.shape[3])
-        keys = key.new_zeros(num_sequences, key.shape[1], padded_keys, key.shape[3])
-        values = value.new_zeros(num_sequences, value.shape[1], padded_keys, value.shape[3])
-        for n, (row, start, length, first_row, count) in enumerate(spans):
-            queries[n, :, :count] = query[row, :, first_row : first_row + count]
-            keys[n, :, :length] = key[row, :, start : start + length]
-            values[n, :, :length] = value[row, :, start : start + length]
-
-        lengths = torch.tensor([length for _, _, length, _, _ in spans], device=device)
-        query_offsets = torch.tensor(offsets, device=device)
+        lengths = torch.tensor(aligned.lengths, device=device)
+        query_offsets = torch.tensor(aligned.query_offsets, device=device)
 
         def causal_within_sequence(batch, head, query_index, key_index):
             position = query_index + query_offsets[batch]
             return (key_index <= position) & (position < lengths[batch])
 
-        num_key_blocks = padded_keys // size
-        counts = tables.kv_block_count.to(device)
-        index = tables.kv_block_index.to(device).clamp(min=0)
-        rows = padded_queries // size
-        counts, index = _fit_rows(counts, index, rows, num_key_blocks)
+        padded_queries, padded_keys = aligned.query.shape[2], aligned.key.shape[2]
+        counts, index = fit_tables(tables, padded_queries // size, padded_keys // size)
+        counts, index = counts.to(device), index.to(device)
         block_mask = BlockMask.from_kv_blocks(
             counts, index, BLOCK_SIZE=size, mask_mod=causal_within_sequence, seq_lengths=(padded_queries, padded_keys)
         )
-        attended = self._flex(queries, keys, values, block_mask=block_mask, scale=scale, enable_gqa=True)
-        output = torch.zeros_like(query)
-        for n, (row, _, _, first_row, count) in enumerate(spans):
-            output[row, :, first_row : first_row + count] = attended[n, :, :count]
-        return output
+        attended = self._flex(
+            aligned.query, aligned.key, aligned.value, block_mask=block_mask, scale=scale, enable_gqa=True
+        )
+        return aligned.scatter(attended, query)
 
-
-def _fit_rows(counts: torch.Tensor, index: torch.Tensor, rows: int, num_key_blocks: int):
-    """Tables with exactly ``rows`` query-block rows and ``num_key_blocks`` index columns (zero-filled)."""
-    counts = counts[:, :, :rows]
-    index = index[:, :, :rows, :num_key_blocks]
-    if counts.shape[2] < rows:
-        counts = torch.nn.functional.pad(counts, (0, rows - counts.shape[2]))
-        index = torch.nn.functional.pad(index, (0, 0, 0, rows - index.shape[2]))
-    if index.shape[3] < num_key_blocks:
-        index = torch.nn.functional.pad(index, (0, num_key_blocks - index.shape[3]))
-    return counts.contiguous(), index.contiguous()

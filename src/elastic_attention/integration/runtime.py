@@ -64,6 +64,7 @@ class ElasticRuntime:
         self.head_dim = head_dim
         self.forced: torch.Tensor | None = None
         self.generator: torch.Generator | None = None
+        self.noise_seeds: dict[int, int] = {}
         self.layout: SequenceLayout | None = None
         self.decisions: dict[int, torch.Tensor] = {}
         self.pairs: dict[int, torch.Tensor] = {}
@@ -115,21 +116,36 @@ class ElasticRuntime:
         else:
             self.decisions = {}
             self.pairs = {}
+            self.noise_seeds = {}
         self.layout = layout
 
     def after_key_source(self, layer_index: int, output: torch.Tensor) -> None:
-        """Forward hook of a routed layer's key source: route at prefill (once per forward)."""
+        """Forward hook of a routed layer's key source: route at prefill.
+
+        A layer recomputed in the backward pass (gradient checkpointing) routes again with the same Gumbel noise, so
+        the recomputation reproduces the forward exactly.
+        """
         layout = self.layout
-        if layout is None or not layout.is_prefill or layer_index in self.decisions:
+        if layout is None or not layout.is_prefill:
             return
         keys = output if self.family.key_source_has_heads else output.unflatten(-1, (-1, self.head_dim))
         if self.forced is not None:
             z = self.forced[self.routed_layers.index(layer_index)].to(keys.device, torch.float32)
             z = z.expand(layout.num_sequences, -1)
         else:
+            router = self.routers[layer_index]
             pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last)
-            z = self.routers[layer_index](pooled, generator=self.generator)
+            z = router(pooled, generator=self._noise_generator(layer_index, keys.device) if router.training else None)
         self.decisions[layer_index] = z
+
+    def _noise_generator(self, layer_index: int, device: torch.device) -> torch.Generator:
+        """The Gumbel-noise generator of a layer: seeded once per forward from ``self.generator``."""
+        seed = self.noise_seeds.get(layer_index)
+        if seed is None:
+            source = self.generator
+            seed = int(torch.randint(0, 2**62, (1,), generator=source, device=source.device if source else "cpu"))
+            self.noise_seeds[layer_index] = seed
+        return torch.Generator(device).manual_seed(seed)
 
     def after_decoder(self, decoder: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         """Forward hook of the decoder: publish the routing report of a prefill."""
@@ -179,7 +195,7 @@ class ElasticRuntime:
         tables_sparse = self._tables(torch.full_like(chosen, sparse), query, key, scale)
         if layout.is_prefill:
             group = query.shape[1] // key.shape[1]
-            is_retrieval = (chosen == retrieval).repeat_interleave(group, dim=1).cpu()
+            is_retrieval = (chosen == retrieval).repeat_interleave(group, dim=1)
             per_head = torch.where(is_retrieval, self._head_sparsity(tables_retrieval), self._head_sparsity(tables_sparse))
             self.pairs[layer_index] = per_head.mean(dim=1).float()
         out_retrieval = self.backend.attend(query, key, value, layout, tables_retrieval, scale)
@@ -199,7 +215,7 @@ class ElasticRuntime:
     def _head_sparsity(self, tables) -> torch.Tensor:
         """[N, Hq] float64: 1 - attended causal pairs / all causal pairs."""
         attended = attended_pairs(tables, self.layout).double()
-        return 1.0 - attended / causal_pairs(self.layout)[:, None].double()
+        return 1.0 - attended / causal_pairs(self.layout).to(attended.device)[:, None].double()
 
     def _per_row_weight(self, z: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
         """[N, Hkv] decisions spread to [B, Hq, S_q, 1] over each sequence's query rows."""

@@ -82,28 +82,47 @@ def tables_from_block_masks(
         first_query_block: [N] int64, logical block of row 0 of each sequence.
         block_size: tokens per block.
     """
-    num_heads = masks[0].shape[0]
-    device = masks[0].device
-    max_rows = max(mask.shape[1] for mask in masks)
-    counts = [mask.sum(dim=-1) for mask in masks]
-    max_blocks = max(1, max(int(count.max()) if count.numel() else 0 for count in counts))
-    kv_block_count = torch.zeros(len(masks), num_heads, max_rows, dtype=torch.int32, device=device)
+    heads = torch.arange(masks[0].shape[0], device=masks[0].device)
+    return _tables_from_patterns([(mask, heads) for mask in masks], first_query_block, block_size)
+
+
+def _compact(patterns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts [P, R] and ascending indices [P, R, K] (-1 padded, K = max count) of block masks [P, R, Kb].
+
+    A cumulative sum gives each attended block its slot; one scatter writes it (no sort).
+    """
+    counts = patterns.sum(dim=-1, dtype=torch.int32)
+    width = max(1, int(counts.max())) if counts.numel() else 1
+    slot = patterns.cumsum(dim=-1, dtype=torch.int32) - 1
+    slot = torch.where(patterns, slot, width)
+    columns = torch.arange(patterns.shape[-1], dtype=torch.int32, device=patterns.device).expand_as(slot)
+    index = torch.full((*patterns.shape[:-1], width + 1), -1, dtype=torch.int32, device=patterns.device)
+    index.scatter_(-1, slot.long(), columns)
+    return counts, index[..., :width]
+
+
+def _tables_from_patterns(
+    sequences: list[tuple[torch.Tensor, torch.Tensor]], first_query_block: torch.Tensor, block_size: int
+) -> BlockTables:
+    """Block tables from, per sequence, distinct block patterns [P, R_n, Kb_n] and the pattern of each head [Hq]."""
+    device = sequences[0][0].device
+    num_heads = sequences[0][1].numel()
+    compacted = [_compact(patterns) for patterns, _ in sequences]
+    max_rows = max(patterns.shape[1] for patterns, _ in sequences)
+    max_blocks = max(index.shape[-1] for _, index in compacted)
+    kv_block_count = torch.zeros(len(sequences), num_heads, max_rows, dtype=torch.int32, device=device)
     kv_block_index = torch.full(
-        (len(masks), num_heads, max_rows, max_blocks), -1, dtype=torch.int32, device=device
+        (len(sequences), num_heads, max_rows, max_blocks), -1, dtype=torch.int32, device=device
     )
-    for n, (mask, count) in enumerate(zip(masks, counts)):
-        rows = mask.shape[1]
-        kv_block_count[n, :, :rows] = count.to(torch.int32)
-        order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)[..., :max_blocks]
-        width = order.shape[-1]
-        position = torch.arange(width, device=device)
-        index = torch.where(position < count[..., None], order, -1)
-        kv_block_index[n, :, :rows, :width] = index.to(torch.int32)
+    for n, ((patterns, head_pattern), (counts, index)) in enumerate(zip(sequences, compacted)):
+        rows, width = index.shape[1], index.shape[2]
+        kv_block_count[n, :, :rows] = counts[head_pattern]
+        kv_block_index[n, :, :rows, :width] = index[head_pattern]
     return BlockTables(
         kv_block_count=kv_block_count,
         kv_block_index=kv_block_index,
         first_query_block=first_query_block.to(torch.int64),
-        num_rows=torch.tensor([mask.shape[1] for mask in masks], dtype=torch.int64),
+        num_rows=torch.tensor([patterns.shape[1] for patterns, _ in sequences], dtype=torch.int64),
         block_size=block_size,
     )
 
@@ -155,7 +174,7 @@ def build_block_tables(
     modes = head_modes.repeat_interleave(group, dim=1)
     device = head_modes.device
     size = config.block_size
-    masks, first_blocks = [], []
+    sequences, first_blocks = [], []
     for n, ((row, start, length, first_row, count), (first_pos, _)) in enumerate(
         zip(layout.spans(), layout.query_positions())
     ):
@@ -164,15 +183,16 @@ def build_block_tables(
         num_key_blocks = (length - 1) // size + 1
         full = causal_block_mask(query_blocks, num_key_blocks)
         ssa = streaming_block_mask(query_blocks, num_key_blocks, config.sink_blocks, config.local_blocks)
-        mode = modes[n][:, None, None]
-        mask = torch.where(mode == SSA, ssa, full).clone()
+        patterns = [full, ssa]
+        # Pattern 0 is full attention, 1 SSA, 2.. one XA selection per XA head.
+        head_pattern = (modes[n] == SSA).long()
         xa_heads = (modes[n] == XA).nonzero().flatten()
         if layout.is_prefill and xa_heads.numel():
             if query is None or key is None:
                 raise InputError("heads on XA need the query and key states to estimate their blocks")
             sequence_query = query[row, xa_heads, first_row : first_row + count]
             sequence_key = key[row, xa_heads // group, start : start + length]
-            mask[xa_heads] = xattention_block_mask(
+            selected = xattention_block_mask(
                 sequence_query,
                 sequence_key,
                 block_size=size,
@@ -180,29 +200,35 @@ def build_block_tables(
                 threshold=config.xa_threshold,
                 scale=scale,
             ).to(device)
-        masks.append(mask)
+            patterns.extend(selected.unbind(0))
+            head_pattern[xa_heads] = torch.arange(2, 2 + xa_heads.numel(), device=device)
+        sequences.append((torch.stack(patterns), head_pattern))
         first_blocks.append(first_block)
-    return tables_from_block_masks(masks, torch.tensor(first_blocks, dtype=torch.int64), size)
+    return _tables_from_patterns(sequences, torch.tensor(first_blocks, dtype=torch.int64), size)
 
 
 def attended_pairs(tables: BlockTables, layout: SequenceLayout) -> torch.Tensor:
     """Causal (query, key) pairs each head attends over the queries of this forward.
 
+    Computed on the tables' device; only the [N, Hq] result is small.
+
     Returns:
-        [N, Hq] int64.
+        [N, Hq] int64, on the tables' device.
     """
     size = tables.block_size
-    result = torch.zeros(tables.kv_block_count.shape[:2], dtype=torch.int64)
+    device = tables.kv_block_count.device
+    result = torch.zeros(tables.kv_block_count.shape[:2], dtype=torch.int64, device=device)
     for n, (first_pos, count) in enumerate(layout.query_positions()):
         rows = int(tables.num_rows[n])
         end = first_pos + count
-        blocks = int(tables.first_query_block[n]) + torch.arange(rows)
+        blocks = int(tables.first_query_block[n]) + torch.arange(rows, device=device)
         lo = torch.clamp(blocks * size, min=first_pos)
         hi = torch.clamp((blocks + 1) * size, max=end)
         queries = (hi - lo).clamp(min=0)
-        index = tables.kv_block_index[n, :, :rows].long().cpu()
-        block_count = tables.kv_block_count[n, :, :rows].long().cpu()
-        diagonal = (index == blocks[None, :, None]).any(dim=-1)
+        block_count = tables.kv_block_count[n, :, :rows].long()
+        # Indices ascend and never pass the diagonal, so the diagonal block, when attended, is the last one.
+        last = tables.kv_block_index[n, :, :rows].gather(-1, (block_count - 1).clamp(min=0)[..., None])[..., 0]
+        diagonal = (block_count > 0) & (last.long() == blocks[None, :])
         off_diagonal = block_count - diagonal.long()
         base = blocks * size
         triangle = _triangular(hi - base) - _triangular(lo - base)

@@ -63,6 +63,8 @@ class TrainConfig:
         seed: initialisation and Gumbel-noise seed.
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         distributed: ``"none"``, ``"ddp"`` (replicated backbone) or ``"fsdp"`` (FSDP2-sharded backbone).
+        gradient_checkpointing: recompute each decoder layer in the backward pass (less memory, about one more
+            forward of time); for long packs.
     """
 
     model: str = ""
@@ -84,6 +86,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     distributed: str = "none"
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -33,7 +33,7 @@ from elastic_attention.training.distributed import (
     shard_backbone,
     training_device,
 )
-from elastic_attention.training.data import Pack, Row, encode_row, load_rows, pack_rows
+from elastic_attention.training.data import IGNORE_INDEX, Pack, Row, encode_row, load_rows, pack_rows
 from elastic_attention.training.objective import SparsityObjective
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ class RouterTrainer:
         attach(model, config.elastic_config)
         for router in routers_of(model).values():
             router.float()
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         if config.distributed == "fsdp":
             shard_backbone(model)
         self.model = model.train()
@@ -135,8 +137,12 @@ class RouterTrainer:
         bar = self._bar()
         writer = self._tensorboard()
         started = time.perf_counter()
+        step_seconds, step_tokens = [], []
         while self.step < config.steps:
+            began = time.perf_counter()
             metrics = self.train_step()
+            step_seconds.append(time.perf_counter() - began)
+            step_tokens.append(sum(self.packs[index].input_ids.numel() for index in self.pack_order(self.step)))
             self.history.append(metrics)
             if self.rank == 0:
                 self._log(metrics, writer)
@@ -151,7 +157,10 @@ class RouterTrainer:
         if writer is not None:
             writer.close()
         summary = {"steps": self.step, "seconds": time.perf_counter() - started, "final": self.history[-1]
-                   if self.history else {}}
+                   if self.history else {}, "tokens": sum(step_tokens)}
+        if len(step_seconds) > 1:
+            # The first step compiles kernels and warms caches; throughput is measured over the others.
+            summary["tokens_per_second"] = sum(step_tokens[1:]) / sum(step_seconds[1:])
         return summary
 
     def train_step(self) -> dict:
@@ -174,18 +183,14 @@ class RouterTrainer:
             self.runtime.generator = torch.Generator(self.device).manual_seed(
                 config.seed * 1_000_003 + self.step * 1009 + position
             )
-            output = self.model(
-                input_ids=pack.input_ids[None].to(self.device),
-                position_ids=pack.position_ids[None].to(self.device),
-                labels=pack.labels[None].to(self.device),
-            )
+            lm_loss = supervised_loss(self.model, pack, self.device)
             msr = routing_report(self.model).msr
             regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
             # Every process scales by world / packs: averaging gradients over processes (FSDP's reduce-scatter, the
             # all-reduce below) then yields the mean over the step's packs, however they are split.
-            loss = (output.loss.float() + regularisation) * self.world_size / len(order)
+            loss = (lm_loss + regularisation) * self.world_size / len(order)
             loss.backward()
-            sums["lm_loss"] += float(output.loss.detach())
+            sums["lm_loss"] += float(lm_loss.detach())
             sums["reg_loss"] += float(regularisation.detach())
             for task, value in zip(pack.tasks, msr.tolist()):
                 task_msr[task].append(value)
@@ -338,6 +343,33 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         return trainer.finish(summary)
     finally:
         trainer.cleanup()
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute every decoder layer in the backward pass (non-reentrant, so frozen inputs are fine)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def supervised_loss(model, pack: Pack, device: torch.device) -> torch.Tensor:
+    """Mean next-token cross-entropy over the supervised tokens of ``pack`` (float32 scalar).
+
+    Logits are computed only at the positions that predict a labelled token (``logits_to_keep`` with their
+    indices), never [T, vocab] for the whole pack: at long contexts and large vocabularies those would dominate memory.
+    """
+    targets = pack.labels[1:]
+    keep = (targets != IGNORE_INDEX).nonzero().flatten()
+    if keep.numel() == 0:
+        raise ValueError("a pack has no supervised token; every row needs a non-empty answer")
+    output = model(
+        input_ids=pack.input_ids[None].to(device),
+        position_ids=pack.position_ids[None].to(device),
+        logits_to_keep=keep.to(device),
+        use_cache=False,
+    )
+    return torch.nn.functional.cross_entropy(output.logits[0].float(), targets[keep].to(device))
 
 
 def _postfix(metrics: dict) -> str:

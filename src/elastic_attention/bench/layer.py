@@ -5,50 +5,24 @@ block tables) and the attention kernel of each backend, next to dense causal SDP
 dense time multiplied by the fraction of causal blocks the hybrid layer attends. Every backend is checked against
 the reference backend before it is timed. Results go to a JSON file with the date, device and command.
 
-  python benchmarks/bench_layer.py --lengths 8k,32k,128k --msr 0.25,0.5,0.75,1.0 --out benchmarks/results/layer.json
-  python benchmarks/bench_layer.py --device cpu --lengths 512 --heads 4 --kv-heads 2 --head-dim 32 --repeats 2 \\
+  elastic-attention bench layer --lengths 8k,32k,128k --msr 0.25,0.5,0.75,1.0 --out benchmarks/results/layer.json
+  elastic-attention bench layer --device cpu --lengths 512 --heads 4 --kv-heads 2 --head-dim 32 --repeats 2 \\
       --out /tmp/layer.json                                                      (a smoke run on a CPU)
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import statistics
-import sys
-import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from elastic_attention import AttentionRouter, ElasticConfig  # noqa: E402
-from elastic_attention.backends import ReferenceBackend, get_backend  # noqa: E402
-from elastic_attention.patterns import FULL, SSA, SequenceLayout, build_block_tables  # noqa: E402
-from elastic_attention.router import boundary_pool  # noqa: E402
-
-
-def timed(function, device: torch.device, repeats: int, warmup: int = 2) -> float:
-    """Median seconds of ``function()`` over ``repeats`` runs after ``warmup`` (CUDA events on a GPU)."""
-    for _ in range(warmup):
-        function()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            function()
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(start.elapsed_time(end) / 1000)
-        else:
-            began = time.perf_counter()
-            function()
-            samples.append(time.perf_counter() - began)
-    return statistics.median(samples)
+from elastic_attention import AttentionRouter, ElasticConfig
+from elastic_attention.backends import ReferenceBackend, get_backend
+from elastic_attention.bench.timing import dense_baselines, parse_tokens, run_header, timed, write_result
+from elastic_attention.patterns import MODE_CODES, SequenceLayout, build_block_tables
+from elastic_attention.router import boundary_pool
 
 
 def attended_block_fraction(tables, length: int) -> float:
@@ -60,7 +34,9 @@ def attended_block_fraction(tables, length: int) -> float:
 def run(args) -> dict:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = ElasticConfig(block_size=args.block_size, sink_tokens=args.sink, local_tokens=args.local)
+    config = ElasticConfig(configuration=args.configuration, block_size=args.block_size, sink_tokens=args.sink,
+                           local_tokens=args.local)
+    retrieval, sparse = MODE_CODES[config.retrieval_mode], MODE_CODES[config.sparse_mode]
     router = AttentionRouter(args.head_dim).to(device).eval()
     backends = {name: get_backend(name) for name in args.backends}
     rows = []
@@ -72,11 +48,11 @@ def run(args) -> dict:
         value = torch.randn_like(key)
         layout = SequenceLayout.dense(1, length)
         scale = args.head_dim**-0.5
-        dense = timed(lambda: F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True),
-                      device, args.repeats)
+        dense = dense_baselines(query, key, value, device, args.repeats)
         for msr in args.msr:
             sparse_heads = round(msr * args.kv_heads)
-            modes = torch.tensor([[SSA] * sparse_heads + [FULL] * (args.kv_heads - sparse_heads)], device=device)
+            modes = torch.tensor([[sparse] * sparse_heads + [retrieval] * (args.kv_heads - sparse_heads)],
+                                 device=device)
 
             def routing():
                 pooled = boundary_pool(key.transpose(1, 2), layout, config.pool_first, config.pool_last)
@@ -86,7 +62,8 @@ def run(args) -> dict:
             tables = routing()
             routing_seconds = timed(routing, device, args.repeats)
             fraction = attended_block_fraction(tables, length)
-            row = {"length": length, "msr": msr, "dense_sdpa_s": dense, "ideal_s": dense * fraction,
+            ideal_base = dense.get("dense_fa4_s", dense["dense_sdpa_s"])
+            row = {"length": length, "msr": msr, **dense, "ideal_s": ideal_base * fraction,
                    "attended_block_fraction": fraction, "routing_and_tables_s": routing_seconds}
             for name, backend in backends.items():
                 if length <= args.check_up_to:
@@ -100,30 +77,29 @@ def run(args) -> dict:
                 row[f"{name}_kernel_s"] = kernel
                 row[f"{name}_total_s"] = kernel + routing_seconds
                 row[f"{name}_total_over_ideal"] = (kernel + routing_seconds) / row["ideal_s"]
+                row[f"{name}_routing_share"] = routing_seconds / (kernel + routing_seconds)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "command": " ".join(sys.argv),
+        **run_header(device),
         "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "dtype": str(dtype)},
         "config": config.to_dict(),
-        "baseline": "dense causal torch SDPA (default kernel choice) in the same run",
+        "baseline": "dense causal attention in the same run: torch SDPA (cuDNN on CUDA) and flash-attn-4 when "
+                    "installed; ideal = dense FA4 time (else SDPA) x fraction of causal blocks attended",
         "rows": rows,
     }
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    tokens = lambda text: [int(t[:-1]) * 1024 if t.endswith("k") else int(t) for t in text.split(",")]  # noqa: E731
-    parser.add_argument("--lengths", type=tokens, default=tokens("8k,32k,128k"))
+    parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("8k,32k,128k"))
     parser.add_argument("--msr", type=lambda t: [float(x) for x in t.split(",")], default=[0.25, 0.5, 0.75, 1.0])
-    parser.add_argument("--backends", type=lambda t: t.split(","), default=["flex"])
+    parser.add_argument("--backends", type=lambda t: t.split(","), default=["fa4", "flex"])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--configuration", default="fa-ssa", choices=["fa-ssa", "fa-xa", "xa-ssa"])
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--sink", type=int, default=128)
     parser.add_argument("--local", type=int, default=2048)
@@ -134,8 +110,10 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def main(argv=None) -> None:
+    arguments = parse_args(argv)
+    write_result(arguments.out, run(arguments))
+
+
 if __name__ == "__main__":
-    arguments = parse_args()
-    result = run(arguments)
-    arguments.out.parent.mkdir(parents=True, exist_ok=True)
-    arguments.out.write_text(json.dumps(result, indent=2))
+    main()

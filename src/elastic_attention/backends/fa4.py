@@ -1,0 +1,109 @@
+"""FlashAttention-4 backend: one block-sparse flash-attn-4 launch per layer at prefill (SM90 and newer).
+
+The block tables go to the kernel as per-head "full block" lists (`BlockSparseTensorsTorch`); with ``causal=True``
+the kernel masks the diagonal block at token level, so FA, SSA and XA heads of a layer run in one launch with no mask
+function. Sequences are aligned to the start of their own batch row first (a no-op for an unpadded or right-padded
+prefill batch).
+
+Forward only, prefill only, bf16/fp16, block size 64 or 128: other calls (decode steps, chunked prefill, inputs that
+need gradients, float32, other block sizes) go to the fallback backend (``flex``), which computes the same
+attention.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from elastic_attention.backends.sequences import AlignedSequences, fit_tables
+from elastic_attention.errors import BackendUnavailableError
+from elastic_attention.patterns import BlockTables, SequenceLayout
+
+#: Block sizes (tokens) the SM90 kernel accepts as sparse blocks.
+SUPPORTED_BLOCK_SIZES = (64, 128)
+
+
+def fa4_available() -> tuple[bool, str]:
+    """Whether flash-attn-4 can run here, and why not (checked without importing it)."""
+    if not torch.cuda.is_available():
+        return False, "it needs a CUDA GPU and none is visible"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return False, f"it needs compute capability 9.0 (Hopper) or newer; this GPU has {major}.{minor}"
+    if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("flash_attn.cute") is None:
+        return False, "flash-attn-4 is not installed (pip install 'elastic-attention[hopper]')"
+    return True, ""
+
+
+class FA4Backend:
+    """Hybrid prefill through flash-attn-4's block-sparse forward kernel."""
+
+    name = "fa4"
+
+    def __init__(self, fallback=None) -> None:
+        available, reason = fa4_available()
+        if not available:
+            raise BackendUnavailableError(f"backend 'fa4' cannot run: {reason}")
+        from flash_attn.cute import flash_attn_func
+        from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
+        self._attention = flash_attn_func
+        self._tables_type = BlockSparseTensorsTorch
+        self._fallback = fallback
+
+    @property
+    def fallback(self):
+        if self._fallback is None:
+            from elastic_attention.backends.flex import FlexBackend
+
+            self._fallback = FlexBackend()
+        return self._fallback
+
+    @staticmethod
+    def handles(query, key, value, layout: SequenceLayout, tables: BlockTables) -> bool:
+        """Whether the fa4 kernel computes this call (else the fallback does)."""
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return (
+            layout.is_prefill
+            and not needs_grad
+            and query.dtype in (torch.float16, torch.bfloat16)
+            and tables.block_size in SUPPORTED_BLOCK_SIZES
+        )
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        layout: SequenceLayout,
+        tables: BlockTables,
+        scale: float,
+    ) -> torch.Tensor:
+        if not self.handles(query, key, value, layout, tables):
+            return self.fallback.attend(query, key, value, layout, tables, scale)
+        size = tables.block_size
+        aligned = AlignedSequences.gather(query, key, value, layout, size)
+        num_sequences, num_heads, query_len, _ = aligned.query.shape
+        num_query_blocks = -(-query_len // size)
+        num_key_blocks = -(-aligned.key.shape[2] // size)
+        counts, index = fit_tables(tables, num_query_blocks, num_key_blocks)
+        device = query.device
+        no_partial_count = torch.zeros(1, 1, num_query_blocks, dtype=torch.int32, device=device)
+        no_partial_index = torch.zeros(1, 1, num_query_blocks, 1, dtype=torch.int32, device=device)
+        sparse_tables = self._tables_type(
+            mask_block_cnt=no_partial_count,
+            mask_block_idx=no_partial_index,
+            full_block_cnt=counts.to(device=device, dtype=torch.int32),
+            full_block_idx=index.to(device=device, dtype=torch.int32),
+            block_size=(size, size),
+        )
+        attended, _ = self._attention(
+            aligned.query.transpose(1, 2),
+            aligned.key.transpose(1, 2),
+            aligned.value.transpose(1, 2),
+            softmax_scale=scale,
+            causal=True,
+            block_sparse_tensors=sparse_tables,
+        )
+        return aligned.scatter(attended.transpose(1, 2), query)

@@ -1,0 +1,1 @@
+"""Benchmarks run by `elastic-attention bench` (one layer; end-to-end prefill; decode with the bounded cache)."""

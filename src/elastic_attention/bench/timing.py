@@ -1,0 +1,79 @@
+"""Timing helpers shared by the benchmarks: CUDA-event medians, dense baselines, the header of a results file."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from elastic_attention.io import atomic_write_text
+
+
+def timed(function, device: torch.device, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of ``function()`` over ``repeats`` runs after ``warmup`` (CUDA events on a GPU)."""
+    for _ in range(warmup):
+        function()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            function()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / 1000)
+        else:
+            began = time.perf_counter()
+            function()
+            samples.append(time.perf_counter() - began)
+    return statistics.median(samples)
+
+
+def dense_baselines(query, key, value, device: torch.device, repeats: int) -> dict:
+    """Seconds of dense causal attention: SDPA (cuDNN on CUDA) and, when installed, flash-attn-4."""
+    def sdpa():
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
+
+    result = {}
+    if device.type == "cuda":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+            result["dense_sdpa_s"] = timed(sdpa, device, repeats)
+        from elastic_attention.backends.fa4 import fa4_available
+
+        if fa4_available()[0]:
+            from flash_attn.cute import flash_attn_func
+
+            q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+            result["dense_fa4_s"] = timed(lambda: flash_attn_func(q, k, v, causal=True), device, repeats)
+    else:
+        result["dense_sdpa_s"] = timed(sdpa, device, repeats)
+    return result
+
+
+def parse_tokens(text: str) -> list[int]:
+    """``"8k,32k,1000"`` -> [8192, 32768, 1000]."""
+    return [int(t[:-1]) * 1024 if t.endswith("k") else int(t) for t in text.split(",")]
+
+
+def run_header(device: torch.device) -> dict:
+    """Date, device, versions and command of a benchmark run."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+    }
+
+
+def write_result(path: Path, result: dict) -> None:
+    """Write ``result`` as indented JSON, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(result, indent=2))
