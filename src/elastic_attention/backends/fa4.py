@@ -104,6 +104,8 @@ class FA4Backend:
             aligned.value.transpose(1, 2),
             softmax_scale=scale,
             causal=True,
+            # The tables differ per query head, so query heads of a KV group must not be packed into one tile.
+            pack_gqa=False,
             block_sparse_tensors=sparse_tables,
         )
         return aligned.scatter(attended.transpose(1, 2), query)

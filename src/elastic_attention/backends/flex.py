@@ -88,8 +88,11 @@ class FlexBackend:
         block_mask = BlockMask.from_kv_blocks(
             counts, index, BLOCK_SIZE=size, mask_mod=causal_within_sequence, seq_lengths=(padded_queries, padded_keys)
         )
+        # On GPUs the kernel's tiles must divide the block (its default tile is 128 for large head dims).
+        tiles = {"BLOCK_M": size, "BLOCK_N": size} if device.type == "cuda" and size < 128 else None
         attended = self._flex(
-            aligned.query, aligned.key, aligned.value, block_mask=block_mask, scale=scale, enable_gqa=True
+            aligned.query, aligned.key, aligned.value, block_mask=block_mask, scale=scale, enable_gqa=True,
+            kernel_options=tiles,
         )
         return aligned.scatter(attended, query)
 
