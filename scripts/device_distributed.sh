@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 7 on nvidia-h200-x2: router training of the small backbone on 1 GPU and with FSDP2 on 2 GPUs (same global
-# batch), then router-training steps at the Llama-3.1-8B shape (32K tokens per sample on 1 and 2 GPUs, 64K on one,
+# batch), then router-training steps at the Llama-3.1-8B shape (32K tokens per sample on 2 GPUs; the one-GPU runs are in device_gpu_session.sh,
 # gradient checkpointing). Waits first for the background work of scripts/device_gpu_session.sh, if any.
 #   OUT=$OUT bash scripts/device_distributed.sh        (carry artifacts/backbone-small)
 set -u
@@ -21,8 +21,6 @@ run 120 $T --nproc_per_node 2 -m elastic_attention.cli train configs/small_fsdp.
 python3 scripts/compare_routers.py /tmp/r1 /tmp/r2 --out $R/small_fsdp_comparison.json
 cp /tmp/r2/training.png $R/small_fsdp_training.png 2>/dev/null
 B="-m elastic_attention.cli bench train-step --gradient-checkpointing"
-run 100 $T --nproc_per_node 1 $B --length 32k --out $R/train8b_32k_1gpu.json > $R/train8b_32k_1gpu.log 2>&1
 run 100 $T --nproc_per_node 2 $B --length 32k --out $R/train8b_32k_2gpu.json > $R/train8b_32k_2gpu.log 2>&1
-run 120 $T --nproc_per_node 1 $B --length 64k --steps 2 --out $R/train8b_64k_1gpu.json > $R/train8b_64k_1gpu.log 2>&1
 tar -C /tmp -czf $OUT/results_b.tgz results
 ls $R

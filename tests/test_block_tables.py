@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from elastic_attention import ElasticConfig, InputError
 from elastic_attention.patterns import (
+    BlockTableBuilder,
     FULL,
     SSA,
     XA,
@@ -174,3 +175,22 @@ def test_random_batches_match_the_brute_force_mask_and_pair_count(lengths, block
             if mode == "ssa":
                 assert torch.equal(brute & ~torch.ones(length, length, dtype=torch.bool).tril()[-query_len:],
                                    torch.zeros_like(brute))
+
+
+@pytest.mark.parametrize("query_len", [None, 1])
+def test_builder_reuses_patterns_across_layers_and_counts_pairs_like_the_tables(query_len):
+    torch.manual_seed(3)
+    config = ElasticConfig(configuration="fa-xa", block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
+    mask = torch.ones(2, 53, dtype=torch.bool)
+    mask[1, :20] = False
+    layout = SequenceLayout.from_padding_mask(mask, query_len)
+    builder = BlockTableBuilder(layout, config, "cpu")
+    width = query_len or 53
+    query, key = torch.randn(2, 4, width, 16), torch.randn(2, 2, 53, 16)
+    for modes in ([[0, 1], [1, 1]], [[2, 1], [0, 2]], [[1, 0], [0, 0]]):
+        modes = torch.tensor(modes)
+        tables, pairs = builder.build(modes, 4, query=query, key=key)
+        alone = build_block_tables(layout, modes, config, 4, query=query, key=key)
+        assert torch.equal(tables.kv_block_count, alone.kv_block_count)
+        assert torch.equal(tables.kv_block_index, alone.kv_block_index)
+        assert torch.equal(pairs, attended_pairs(tables, layout))

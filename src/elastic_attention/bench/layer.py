@@ -1,7 +1,7 @@
 """One hybrid attention layer: backends against dense attention and the ideal (issue 5, item 4a).
 
-For each length and MSR (the share of KV heads routed to SSA), it times the routing work (router on pooled keys,
-block tables) and the attention kernel of each backend, next to dense causal SDPA in the same run; "ideal" is the
+For each length and MSR (the share of KV heads routed to SSA), it times the routing work of one layer (router on
+pooled keys, block tables, XA estimate) and the attention kernel of each backend, next to dense causal SDPA in the same run; "ideal" is the
 dense time multiplied by the fraction of causal blocks the hybrid layer attends. Every backend is checked against
 the reference backend before it is timed. Results go to a JSON file with the date, device and command.
 
@@ -21,7 +21,7 @@ import torch
 from elastic_attention import AttentionRouter, ElasticConfig
 from elastic_attention.backends import ReferenceBackend, get_backend
 from elastic_attention.bench.timing import dense_baselines, parse_tokens, run_header, timed, write_result
-from elastic_attention.patterns import MODE_CODES, SequenceLayout, build_block_tables
+from elastic_attention.patterns import MODE_CODES, BlockTableBuilder, SequenceLayout
 from elastic_attention.router import boundary_pool
 
 
@@ -54,17 +54,22 @@ def run(args) -> dict:
             modes = torch.tensor([[sparse] * sparse_heads + [retrieval] * (args.kv_heads - sparse_heads)],
                                  device=device)
 
+            # In a forward pass one builder serves every layer; its construction is timed apart, per forward.
+            builder = BlockTableBuilder(layout, config, device)
+
             def routing():
                 pooled = boundary_pool(key.transpose(1, 2), layout, config.pool_first, config.pool_last)
                 router(pooled)
-                return build_block_tables(layout, modes, config, args.heads, query=query, key=key, scale=scale)
+                return builder.build(modes, args.heads, query=query, key=key, scale=scale)[0]
 
             tables = routing()
             routing_seconds = timed(routing, device, args.repeats)
+            builder_seconds = timed(lambda: BlockTableBuilder(layout, config, device), device, args.repeats)
             fraction = attended_block_fraction(tables, length)
             ideal_base = dense.get("dense_fa4_s", dense["dense_sdpa_s"])
             row = {"length": length, "msr": msr, **dense, "ideal_s": ideal_base * fraction,
-                   "attended_block_fraction": fraction, "routing_and_tables_s": routing_seconds}
+                   "attended_block_fraction": fraction, "routing_and_tables_s": routing_seconds,
+                   "patterns_per_forward_s": builder_seconds}
             for name, backend in backends.items():
                 if length <= args.check_up_to:
                     expected = ReferenceBackend().attend(query, key, value, layout, tables, scale)

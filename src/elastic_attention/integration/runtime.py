@@ -20,14 +20,7 @@ from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import InputError
 from elastic_attention.integration.families import FamilySpec
 from elastic_attention.integration.report import RoutingReport
-from elastic_attention.patterns import (
-    FULL,
-    MODE_CODES,
-    SequenceLayout,
-    attended_pairs,
-    build_block_tables,
-    causal_pairs,
-)
+from elastic_attention.patterns import FULL, MODE_CODES, BlockTableBuilder, SequenceLayout, causal_pairs
 from elastic_attention.router import AttentionRouter, boundary_pool
 
 ATTENTION_NAME = "elastic_attention"
@@ -65,6 +58,8 @@ class ElasticRuntime:
         self.forced: torch.Tensor | None = None
         self.generator: torch.Generator | None = None
         self.noise_seeds: dict[int, int] = {}
+        self._builder: BlockTableBuilder | None = None
+        self._causal_pairs: tuple[SequenceLayout, torch.Tensor] | None = None
         self.layout: SequenceLayout | None = None
         self.decisions: dict[int, torch.Tensor] = {}
         self.pairs: dict[int, torch.Tensor] = {}
@@ -191,31 +186,35 @@ class ElasticRuntime:
         if not (z.requires_grad and torch.is_grad_enabled()):
             return self._attend(query, key, value, chosen, scale, layer_index)
         # Training: every head computes both outputs; the straight-through z mixes them and carries the gradient.
-        tables_retrieval = self._tables(torch.full_like(chosen, retrieval), query, key, scale)
-        tables_sparse = self._tables(torch.full_like(chosen, sparse), query, key, scale)
+        tables_retrieval, pairs_retrieval = self._tables(torch.full_like(chosen, retrieval), query, key, scale)
+        tables_sparse, pairs_sparse = self._tables(torch.full_like(chosen, sparse), query, key, scale)
         if layout.is_prefill:
             group = query.shape[1] // key.shape[1]
-            is_retrieval = (chosen == retrieval).repeat_interleave(group, dim=1)
-            per_head = torch.where(is_retrieval, self._head_sparsity(tables_retrieval), self._head_sparsity(tables_sparse))
-            self.pairs[layer_index] = per_head.mean(dim=1).float()
+            is_retrieval = (chosen == retrieval).repeat_interleave(group, dim=1).to(pairs_retrieval.device)
+            self._record_sparsity(layer_index, torch.where(is_retrieval, pairs_retrieval, pairs_sparse))
         out_retrieval = self.backend.attend(query, key, value, layout, tables_retrieval, scale)
         out_sparse = self.backend.attend(query, key, value, layout, tables_sparse, scale)
         weight = self._per_row_weight(z, query)
         return weight * out_retrieval + (1.0 - weight) * out_sparse
 
     def _tables(self, modes: torch.Tensor, query: torch.Tensor, key: torch.Tensor, scale: float):
-        return build_block_tables(self.layout, modes, self.config, query.shape[1], query=query, key=key, scale=scale)
+        """(block tables, attended pairs per head) of one layer; the forward's patterns are built once."""
+        if self._builder is None or self._builder.layout is not self.layout:
+            self._builder = BlockTableBuilder(self.layout, self.config, query.device)
+        return self._builder.build(modes, query.shape[1], query=query, key=key, scale=scale)
 
     def _attend(self, query, key, value, modes, scale, layer_index: int) -> torch.Tensor:
-        tables = self._tables(modes, query, key, scale)
+        tables, pairs = self._tables(modes, query, key, scale)
         if self.layout.is_prefill:
-            self.pairs[layer_index] = self._head_sparsity(tables).mean(dim=1).float()
+            self._record_sparsity(layer_index, pairs)
         return self.backend.attend(query, key, value, self.layout, tables, scale)
 
-    def _head_sparsity(self, tables) -> torch.Tensor:
-        """[N, Hq] float64: 1 - attended causal pairs / all causal pairs."""
-        attended = attended_pairs(tables, self.layout).double()
-        return 1.0 - attended / causal_pairs(self.layout).to(attended.device)[:, None].double()
+    def _record_sparsity(self, layer_index: int, attended: torch.Tensor) -> None:
+        """ESR of a layer per sequence from attended causal pairs per head [N, Hq]."""
+        if self._causal_pairs is None or self._causal_pairs[0] is not self.layout:
+            self._causal_pairs = (self.layout, causal_pairs(self.layout).to(attended.device).double())
+        sparsity = 1.0 - attended.double() / self._causal_pairs[1][:, None]
+        self.pairs[layer_index] = sparsity.mean(dim=1).float()
 
     def _per_row_weight(self, z: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
         """[N, Hkv] decisions spread to [B, Hq, S_q, 1] over each sequence's query rows."""

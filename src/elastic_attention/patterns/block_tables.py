@@ -136,6 +136,105 @@ def block_mask_from_tables(tables: BlockTables, sequence: int, num_key_blocks: i
     return mask[..., :num_key_blocks]
 
 
+class BlockTableBuilder:
+    """Block tables of every layer of one forward pass.
+
+    The full and SSA block patterns depend only on the sequences, so they are built and compacted once per forward;
+    a layer then gathers them per head in one step (and estimates its XA heads, which depend on its states).
+
+    Args:
+        layout: the sequences of this forward.
+        config: block size, SSA sizes, XA stride and threshold.
+        device: where the tables live.
+    """
+
+    def __init__(self, layout: SequenceLayout, config: ElasticConfig, device: torch.device | str) -> None:
+        self.layout, self.config = layout, config
+        size = config.block_size
+        self._spans = list(zip(layout.spans(), layout.query_positions()))
+        self._bases, first_blocks = [], []
+        for (_, _, length, _, _), (first_pos, _) in self._spans:
+            first_block = first_pos // size
+            query_blocks = torch.arange(first_block, (length - 1) // size + 1, device=device)
+            num_key_blocks = (length - 1) // size + 1
+            full = causal_block_mask(query_blocks, num_key_blocks)
+            ssa = streaming_block_mask(query_blocks, num_key_blocks, config.sink_blocks, config.local_blocks)
+            self._bases.append(torch.stack([full, ssa]))
+            first_blocks.append(first_block)
+        self._first_blocks = torch.tensor(first_blocks, dtype=torch.int64)
+        patterns = torch.arange(2, device=device)
+        self._base = _tables_from_patterns([(base, patterns) for base in self._bases], self._first_blocks, size)
+        self._base_pairs = attended_pairs(self._base, layout)
+
+    def build(
+        self,
+        head_modes: torch.Tensor,
+        num_query_heads: int,
+        *,
+        query: torch.Tensor | None = None,
+        key: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> tuple[BlockTables, torch.Tensor]:
+        """Block tables of one routed layer, and the causal (query, key) pairs each head attends.
+
+        Args:
+            head_modes: [N, Hkv] int codes (`FULL`, `SSA`, `XA`), the mode of each KV head of each sequence; every
+                query head of a GQA group follows its KV head.
+            num_query_heads: Hq, a multiple of Hkv.
+            query: [B, Hq, S_q, D] query states; needed only when some head is on XA at prefill.
+            key: [B, Hkv, S_kv, D] key states; same condition.
+            scale: attention scale for the XA estimate (default 1/sqrt(D)).
+
+        Returns:
+            (tables, pairs [N, Hq] int64). At decode (queries with a cached past) XA heads attend every key: the XA
+            estimate is a prefill method.
+
+        Raises:
+            InputError: shapes disagree, or XA heads need query/key states that were not given.
+        """
+        num_sequences, num_kv_heads = head_modes.shape
+        if num_sequences != self.layout.num_sequences:
+            raise InputError(f"head_modes has {num_sequences} sequences, the layout {self.layout.num_sequences}")
+        if num_query_heads % num_kv_heads:
+            raise InputError(f"query heads ({num_query_heads}) must be a multiple of KV heads ({num_kv_heads})")
+        group = num_query_heads // num_kv_heads
+        modes = head_modes.repeat_interleave(group, dim=1).to(self._base.kv_block_count.device)
+        if self.layout.is_prefill and bool((modes == XA).any()):
+            tables = self._build_with_xa(modes, group, query, key, scale)
+            return tables, attended_pairs(tables, self.layout)
+        pattern = (modes == SSA).long()
+        base = self._base
+        rows, width = base.kv_block_index.shape[2:]
+        count = base.kv_block_count.gather(1, pattern[:, :, None].expand(-1, -1, rows))
+        index = base.kv_block_index.gather(1, pattern[:, :, None, None].expand(-1, -1, rows, width))
+        tables = BlockTables(count, index, base.first_query_block, base.num_rows, base.block_size)
+        return tables, self._base_pairs.gather(1, pattern)
+
+    def _build_with_xa(self, modes, group, query, key, scale) -> BlockTables:
+        if query is None or key is None:
+            raise InputError("heads on XA need the query and key states to estimate their blocks")
+        config, size = self.config, self.config.block_size
+        sequences = []
+        for n, (base, ((row, start, length, first_row, count), _)) in enumerate(zip(self._bases, self._spans)):
+            patterns = list(base.unbind(0))
+            # Pattern 0 is full attention, 1 SSA, 2.. one XA selection per XA head.
+            head_pattern = (modes[n] == SSA).long()
+            xa_heads = (modes[n] == XA).nonzero().flatten()
+            if xa_heads.numel():
+                selected = xattention_block_mask(
+                    query[row, xa_heads, first_row : first_row + count],
+                    key[row, xa_heads // group, start : start + length],
+                    block_size=size,
+                    stride=config.xa_stride,
+                    threshold=config.xa_threshold,
+                    scale=scale,
+                ).to(base.device)
+                patterns.extend(selected.unbind(0))
+                head_pattern[xa_heads] = torch.arange(2, 2 + xa_heads.numel(), device=base.device)
+            sequences.append((torch.stack(patterns), head_pattern))
+        return _tables_from_patterns(sequences, self._first_blocks, size)
+
+
 def build_block_tables(
     layout: SequenceLayout,
     head_modes: torch.Tensor,
@@ -146,65 +245,10 @@ def build_block_tables(
     key: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> BlockTables:
-    """Block tables of one routed layer.
-
-    Args:
-        layout: the sequences of this forward.
-        head_modes: [N, Hkv] int codes (`FULL`, `SSA`, `XA`), the mode of each KV head of each sequence; every
-            query head of a GQA group follows its KV head.
-        config: block size, SSA sizes, XA stride and threshold.
-        num_query_heads: Hq, a multiple of Hkv.
-        query: [B, Hq, S_q, D] query states; needed only when some head is on XA at prefill.
-        key: [B, Hkv, S_kv, D] key states; same condition.
-        scale: attention scale for the XA estimate (default 1/sqrt(D)).
-
-    Returns:
-        Tables on the device of ``head_modes``. At decode (queries with a cached past) XA heads attend every key:
-        the XA estimate is a prefill method.
-
-    Raises:
-        InputError: shapes disagree, or XA heads need query/key states that were not given.
-    """
-    num_sequences, num_kv_heads = head_modes.shape
-    if num_sequences != layout.num_sequences:
-        raise InputError(f"head_modes has {num_sequences} sequences, the layout {layout.num_sequences}")
-    if num_query_heads % num_kv_heads:
-        raise InputError(f"query heads ({num_query_heads}) must be a multiple of KV heads ({num_kv_heads})")
-    group = num_query_heads // num_kv_heads
-    modes = head_modes.repeat_interleave(group, dim=1)
-    device = head_modes.device
-    size = config.block_size
-    sequences, first_blocks = [], []
-    for n, ((row, start, length, first_row, count), (first_pos, _)) in enumerate(
-        zip(layout.spans(), layout.query_positions())
-    ):
-        first_block = first_pos // size
-        query_blocks = torch.arange(first_block, (length - 1) // size + 1, device=device)
-        num_key_blocks = (length - 1) // size + 1
-        full = causal_block_mask(query_blocks, num_key_blocks)
-        ssa = streaming_block_mask(query_blocks, num_key_blocks, config.sink_blocks, config.local_blocks)
-        patterns = [full, ssa]
-        # Pattern 0 is full attention, 1 SSA, 2.. one XA selection per XA head.
-        head_pattern = (modes[n] == SSA).long()
-        xa_heads = (modes[n] == XA).nonzero().flatten()
-        if layout.is_prefill and xa_heads.numel():
-            if query is None or key is None:
-                raise InputError("heads on XA need the query and key states to estimate their blocks")
-            sequence_query = query[row, xa_heads, first_row : first_row + count]
-            sequence_key = key[row, xa_heads // group, start : start + length]
-            selected = xattention_block_mask(
-                sequence_query,
-                sequence_key,
-                block_size=size,
-                stride=config.xa_stride,
-                threshold=config.xa_threshold,
-                scale=scale,
-            ).to(device)
-            patterns.extend(selected.unbind(0))
-            head_pattern[xa_heads] = torch.arange(2, 2 + xa_heads.numel(), device=device)
-        sequences.append((torch.stack(patterns), head_pattern))
-        first_blocks.append(first_block)
-    return _tables_from_patterns(sequences, torch.tensor(first_blocks, dtype=torch.int64), size)
+    """Block tables of one routed layer (one-shot `BlockTableBuilder`; tables on the device of ``head_modes``)."""
+    builder = BlockTableBuilder(layout, config, head_modes.device)
+    tables, _ = builder.build(head_modes, num_query_heads, query=query, key=key, scale=scale)
+    return tables
 
 
 def attended_pairs(tables: BlockTables, layout: SequenceLayout) -> torch.Tensor:

@@ -221,7 +221,10 @@ class RouterTrainer:
         totals = torch.tensor([sums["lm_loss"], sums["reg_loss"]], dtype=torch.float64)
         gathered = [task_msr]
         if self.world_size > 1:
+            # NCCL reduces only device tensors.
+            totals = totals.to(self.device)
             dist.all_reduce(totals)
+            totals = totals.cpu()
             gathered = [None] * self.world_size
             dist.all_gather_object(gathered, dict(task_msr))
         merged: dict[str, list[float]] = defaultdict(list)
