@@ -1,6 +1,7 @@
 """elastic-attention: per-input, per-KV-head routing between full and sparse attention for Hugging Face decoders."""
 
 from elastic_attention.adapters import load_router, save_router
+from elastic_attention.cache import ElasticCache
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import (
     AdapterMismatchError,
@@ -29,6 +30,7 @@ __all__ = [
     "BackendUnavailableError",
     "ConfigError",
     "ElasticAttentionError",
+    "ElasticCache",
     "ElasticConfig",
     "InputError",
     "RoutingReport",

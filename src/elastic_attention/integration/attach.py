@@ -28,7 +28,9 @@ ROUTER_ATTRIBUTE = "elastic_router"
 AttentionInterface.register(ATTENTION_NAME, elastic_attention_forward)
 
 
-def attach(model: nn.Module, config: ElasticConfig | None = None, *, backend: str = "auto") -> nn.Module:
+def attach(
+    model: nn.Module, config: ElasticConfig | None = None, *, backend: str = "auto", cache: str = "bounded"
+) -> nn.Module:
     """Attach Elastic Attention to a Hugging Face decoder, in place.
 
     Adds one `AttentionRouter` per routed layer (as ``<attention module>.elastic_router``), freezes the backbone
@@ -38,7 +40,9 @@ def attach(model: nn.Module, config: ElasticConfig | None = None, *, backend: st
     Args:
         model: a causal LM (or its base model) of a supported family.
         config: the configuration; defaults to ``ElasticConfig()``.
-        backend: attention backend name (``"auto"``, ``"reference"``).
+        backend: attention backend name (``"auto"``, ``"fa4"``, ``"flex"``, ``"reference"``).
+        cache: ``"bounded"`` (default): `generate` and other eval-mode forwards that cache use an `ElasticCache`,
+            where SSA heads keep only their sink and window; ``"full"``: the model's own cache, every key kept.
 
     Returns:
         The same model.
@@ -49,6 +53,8 @@ def attach(model: nn.Module, config: ElasticConfig | None = None, *, backend: st
         BackendUnavailableError: the backend cannot run here.
     """
     config = config or ElasticConfig()
+    if cache not in ("bounded", "full"):
+        raise ConfigError(f"cache must be 'bounded' or 'full', got {cache!r}")
     if getattr(model, RUNTIME_ATTRIBUTE, None) is not None:
         raise UnsupportedModelError("elastic attention is already attached to this model; call detach(model) first")
     _, family = family_of(model)
@@ -72,7 +78,9 @@ def attach(model: nn.Module, config: ElasticConfig | None = None, *, backend: st
         router = AttentionRouter(head_dim, config.router_width).to(reference.device).train(model.training)
         modules[index].add_module(ROUTER_ATTRIBUTE, router)
         routers[index] = router
-    runtime = ElasticRuntime(config, family, get_backend(backend), routers, num_kv_heads, head_dim)
+    runtime = ElasticRuntime(
+        config, family, get_backend(backend), routers, num_kv_heads, head_dim, num_layers=len(modules), cache_kind=cache
+    )
     runtime.previous_implementation = model.config._attn_implementation
     runtime.requires_grad_before = frozen
     handles = [

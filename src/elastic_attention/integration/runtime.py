@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from elastic_attention.backends import AttentionBackend
+from elastic_attention.backends.tokens import token_attention
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import InputError
 from elastic_attention.integration.families import FamilySpec
@@ -37,6 +38,9 @@ class ElasticRuntime:
         routers: layer index -> router, for the routed layers.
         num_kv_heads: Hkv.
         head_dim: D.
+        num_layers: decoder layers of the model.
+        cache_kind: ``"bounded"``: generation (and any eval-mode forward that caches) uses an `ElasticCache`;
+            ``"full"``: Hugging Face's own cache, every key of every head kept.
     """
 
     def __init__(
@@ -47,8 +51,13 @@ class ElasticRuntime:
         routers: dict[int, AttentionRouter],
         num_kv_heads: int,
         head_dim: int,
+        num_layers: int,
+        cache_kind: str = "bounded",
     ) -> None:
         self.config = config
+        self.num_layers = num_layers
+        self.cache_kind = cache_kind
+        self.cache = None
         self.family = family
         self.backend = backend
         self.routers = routers
@@ -72,8 +81,9 @@ class ElasticRuntime:
 
     # -- hooks ---------------------------------------------------------------------------------------------------
 
-    def before_decoder(self, decoder: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Forward pre-hook of the decoder: derive the sequence layout and whether this is a prefill."""
+    def before_decoder(self, decoder: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """Forward pre-hook of the decoder: derive the sequence layout and whether this is a prefill; at a prefill
+        in eval mode with ``cache_kind="bounded"``, give the forward an `ElasticCache` in place of an empty one."""
         if self._decoder_parameters is None:
             self._decoder_parameters = list(inspect.signature(decoder.forward).parameters)
         bound = {**dict(zip(self._decoder_parameters, args)), **kwargs}
@@ -85,6 +95,7 @@ class ElasticRuntime:
         batch_size, query_len = inputs.shape[0], inputs.shape[1]
         cache = bound.get("past_key_values", bound.get("cache"))
         past = int(cache.get_seq_length()) if cache is not None else 0
+        replaced = self._choose_cache(decoder, bound, cache, past, kwargs)
         mask = bound.get("attention_mask")
         position_ids = bound.get("position_ids")
         if mask is not None:
@@ -113,6 +124,39 @@ class ElasticRuntime:
             self.pairs = {}
             self.noise_seeds = {}
         self.layout = layout
+        return (args, kwargs) if replaced else None
+
+    def _choose_cache(self, decoder: nn.Module, bound: dict, cache, past: int, kwargs: dict) -> bool:
+        """Set ``self.cache`` for this forward; returns True when ``kwargs`` now carries a new `ElasticCache`."""
+        from elastic_attention.cache import ElasticCache
+
+        if isinstance(cache, ElasticCache):
+            if cache.runtime is not self:
+                raise InputError("this ElasticCache belongs to another model; create one per model")
+            self.cache = cache
+            return False
+        self.cache = None
+        use_cache = bound.get("use_cache")
+        if use_cache is None:
+            use_cache = getattr(decoder.config, "use_cache", True)
+        if self.cache_kind != "bounded" or decoder.training or not use_cache or past != 0:
+            return False
+        # transformers renamed the decoder's `past_key_values` argument to `cache`; use whichever the call uses.
+        names = [name for name in ("cache", "past_key_values") if name in kwargs]
+        if not names:
+            if cache is not None:
+                return False
+            names = ["cache" if "cache" in self._decoder_parameters else "past_key_values"]
+        self.cache = ElasticCache(self)
+        kwargs[names[0]] = self.cache
+        return True
+
+    def streaming_heads(self, layer_index: int, sequence: int, num_kv_heads: int) -> torch.Tensor:
+        """[Hkv] bool: the KV heads of ``sequence`` that run SSA in ``layer_index`` (and so keep a bounded cache)."""
+        z = self.decisions.get(layer_index)
+        if z is None or self.config.sparse_mode != "ssa":
+            return torch.zeros(num_kv_heads, dtype=torch.bool)
+        return (z[sequence].detach() <= 0.5).cpu()
 
     def after_key_source(self, layer_index: int, output: torch.Tensor) -> None:
         """Forward hook of a routed layer's key source: route at prefill.
@@ -169,13 +213,48 @@ class ElasticRuntime:
     ) -> torch.Tensor:
         """Hybrid attention of one layer: [B, Hq, S_q, D] in, [B, Hq, S_q, D] out."""
         layout = self.layout
-        if layout is None or key.shape[2] != layout.kv_len or query.shape[2] != layout.query_len:
+        bounded = self.cache is not None and not layout.is_prefill if layout is not None else False
+        expected_keys = layout.query_len if bounded else (layout.kv_len if layout is not None else -1)
+        if layout is None or key.shape[2] != expected_keys or query.shape[2] != layout.query_len:
             raise InputError(
                 "elastic attention saw keys/queries that do not match this forward's inputs; "
                 "was the model called through its decoder?"
             )
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         layer_index = module.layer_idx
+        if bounded:
+            return self.cache.layers[layer_index].attend(query, scale)
+        if not layout.is_prefill:
+            return self._attend_tokens(query, key, value, layer_index, scale)
+        output = self._attend_prefill(query, key, value, layer_index, scale)
+        if self.cache is not None:
+            self.cache.layers[layer_index].commit()
+        return output
+
+    def _attend_tokens(self, query, key, value, layer_index: int, scale: float) -> torch.Tensor:
+        """A step that continues a cached past, over every cached key, by the token rule (`patterns.tokens`)."""
+        num_kv, group = key.shape[1], query.shape[1] // key.shape[1]
+        output = torch.zeros_like(query)
+        for n, (row, start, length, first_row, count) in enumerate(self.layout.spans()):
+            if count == 0:
+                continue
+            streaming = self.streaming_heads(layer_index, n, num_kv).to(query.device)
+            attended = token_attention(
+                query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group)),
+                key[row, :, start : start + length],
+                value[row, :, start : start + length],
+                torch.arange(length - count, length, device=query.device),
+                torch.arange(length, device=query.device),
+                streaming,
+                sink_tokens=self.config.sink_tokens,
+                local_tokens=self.config.local_tokens,
+                scale=scale,
+            )
+            output[row, :, first_row : first_row + count] = attended.flatten(0, 1)
+        return output
+
+    def _attend_prefill(self, query, key, value, layer_index: int, scale: float) -> torch.Tensor:
+        layout = self.layout
         z = self.decisions.get(layer_index)
         if z is None:
             modes = torch.full((layout.num_sequences, key.shape[1]), FULL, dtype=torch.long, device=query.device)
@@ -188,10 +267,9 @@ class ElasticRuntime:
         # Training: every head computes both outputs; the straight-through z mixes them and carries the gradient.
         tables_retrieval, pairs_retrieval = self._tables(torch.full_like(chosen, retrieval), query, key, scale)
         tables_sparse, pairs_sparse = self._tables(torch.full_like(chosen, sparse), query, key, scale)
-        if layout.is_prefill:
-            group = query.shape[1] // key.shape[1]
-            is_retrieval = (chosen == retrieval).repeat_interleave(group, dim=1).to(pairs_retrieval.device)
-            self._record_sparsity(layer_index, torch.where(is_retrieval, pairs_retrieval, pairs_sparse))
+        group = query.shape[1] // key.shape[1]
+        is_retrieval = (chosen == retrieval).repeat_interleave(group, dim=1).to(pairs_retrieval.device)
+        self._record_sparsity(layer_index, torch.where(is_retrieval, pairs_retrieval, pairs_sparse))
         out_retrieval = self.backend.attend(query, key, value, layout, tables_retrieval, scale)
         out_sparse = self.backend.attend(query, key, value, layout, tables_sparse, scale)
         weight = self._per_row_weight(z, query)
@@ -205,8 +283,7 @@ class ElasticRuntime:
 
     def _attend(self, query, key, value, modes, scale, layer_index: int) -> torch.Tensor:
         tables, pairs = self._tables(modes, query, key, scale)
-        if self.layout.is_prefill:
-            self._record_sparsity(layer_index, pairs)
+        self._record_sparsity(layer_index, pairs)
         return self.backend.attend(query, key, value, self.layout, tables, scale)
 
     def _record_sparsity(self, layer_index: int, attended: torch.Tensor) -> None:

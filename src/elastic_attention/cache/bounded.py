@@ -1,0 +1,263 @@
+"""`ElasticCache`: a Hugging Face KV cache that keeps, per layer, sequence and KV head, only what that head reads again.
+
+Heads on full attention (and XA, which attends every key after the prompt) keep every entry. Heads on SSA keep the
+``sink_tokens`` first entries and the last ``local_tokens`` entries in a ring buffer: exactly what the token rule of
+`patterns.tokens` lets their later queries see. The rest is never stored, so the memory is released, not masked.
+
+Storage is per sequence (one sequence per batch row), so every sample keeps its own routing:
+  full store: keys/values [F, capacity, D] for its F retained heads, entries in position order;
+  ring store: keys/values [P, sink_tokens + local_tokens, D] for its P streaming heads, plus the logical position of
+  each slot ([sink + local], -1 when empty). Position p < sink goes to slot p; later positions to slot
+  sink + (p - sink) mod local.
+
+A step's new entries are staged by `update` and written to the ring after the step's attention (`commit`): a chunk
+longer than the window still sees its own earlier tokens. Full-store heads are appended at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from elastic_attention.backends.tokens import token_attention
+from elastic_attention.errors import InputError
+
+
+@dataclass
+class SequenceStore:
+    """What one layer keeps of one sequence."""
+
+    full_heads: torch.Tensor
+    full_keys: torch.Tensor
+    full_values: torch.Tensor
+    ring_heads: torch.Tensor
+    ring_keys: torch.Tensor
+    ring_values: torch.Tensor
+    ring_positions: torch.Tensor
+    length: int = 0
+
+    def clone(self) -> SequenceStore:
+        return SequenceStore(*(t.clone() for t in (self.full_heads, self.full_keys, self.full_values,
+                                                    self.ring_heads, self.ring_keys, self.ring_values,
+                                                    self.ring_positions)), self.length)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.full_keys, self.full_values, self.ring_keys,
+                                                           self.ring_values, self.ring_positions))
+
+
+class ElasticCacheLayer(CacheLayerMixin):
+    """The bounded cache of one decoder layer."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, cache: ElasticCache, layer_index: int) -> None:
+        super().__init__()
+        self.cache, self.layer_index = cache, layer_index
+        self.sequences: list[SequenceStore] = []
+        self.physical_length = 0
+        self._staged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    # -- the Hugging Face layer interface ------------------------------------------------------------------------
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Store a step's new entries ([B, Hkv, S_new, D]); returns them unchanged (a prefill attends them)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.commit()
+        layout = self.cache.runtime.layout
+        if layout is None or key_states.shape[2] != layout.query_len:
+            raise InputError("ElasticCache.update got states that do not match the current forward's inputs")
+        if not self.sequences:
+            self.sequences = [self._new_store(n, key_states) for n in range(layout.num_sequences)]
+        elif len(self.sequences) != layout.num_sequences:
+            raise InputError(
+                f"the cache holds {len(self.sequences)} sequences but this step has {layout.num_sequences}; "
+                "keep the batch rows from prefill to the last step"
+            )
+        limit = self.cache.max_length
+        for store, (row, _, length, first_row, count) in zip(self.sequences, layout.spans()):
+            if limit is not None and length > limit:
+                raise InputError(
+                    f"sequence length {length} exceeds the cache's max_length {limit}; "
+                    "create ElasticCache with a larger max_length (or None to grow as needed)"
+                )
+            new_keys = key_states[row, :, first_row : first_row + count]
+            new_values = value_states[row, :, first_row : first_row + count]
+            self._append_full(store, new_keys[store.full_heads], new_values[store.full_heads])
+            positions = torch.arange(store.length, store.length + count, device=key_states.device)
+            self._staged.append((new_keys[store.ring_heads], new_values[store.ring_heads], positions))
+            store.length += count
+        self.physical_length += key_states.shape[2]
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        """Length of the key axis seen so far (padding included), as Hugging Face counts it."""
+        return self.physical_length
+
+    def get_mask_sizes(self, query_length, *args, **kwargs) -> tuple[int, int]:
+        length = query_length.shape[0] if isinstance(query_length, torch.Tensor) else int(query_length)
+        return self.physical_length + length, 0
+
+    def get_max_length(self) -> int:
+        return -1 if self.cache.max_length is None else self.cache.max_length
+
+    def reset(self) -> None:
+        self.sequences, self._staged, self.physical_length = [], [], 0
+        self.is_initialized = False
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.commit()
+        self.sequences = [self.sequences[int(i)].clone() for i in beam_idx.tolist()]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.reorder_cache(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.commit()
+        self.sequences = [store.clone() for store in self.sequences for _ in range(repeats)]
+
+    def offload(self):
+        raise NotImplementedError("ElasticCache does not offload; it keeps only what the heads read again")
+
+    def prefetch(self):
+        return None
+
+    # -- elastic attention ---------------------------------------------------------------------------------------
+
+    def attend(self, query: torch.Tensor, scale: float) -> torch.Tensor:
+        """Attention of a step that continues the cached past, by the token rule; then commits the step.
+
+        Args:
+            query: [B, Hq, S_new, D].
+
+        Returns:
+            [B, Hq, S_new, D]; rows that belong to no sequence are zero.
+        """
+        config = self.cache.runtime.config
+        layout = self.cache.runtime.layout
+        output = torch.zeros_like(query)
+        num_kv = self.sequences[0].full_heads.numel() + self.sequences[0].ring_heads.numel()
+        group = query.shape[1] // num_kv
+        for store, staged, (row, _, length, first_row, count) in zip(self.sequences, self._staged, layout.spans()):
+            if count == 0:
+                continue
+            queries = query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
+            query_positions = torch.arange(length - count, length, device=query.device)
+            result = output[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
+            rule = dict(sink_tokens=config.sink_tokens, local_tokens=config.local_tokens, scale=scale)
+            if store.full_heads.numel():
+                heads = store.full_heads
+                result[heads] = token_attention(
+                    queries[heads], store.full_keys[:, :length], store.full_values[:, :length], query_positions,
+                    torch.arange(length, device=query.device), torch.zeros_like(heads, dtype=torch.bool), **rule,
+                )
+            if store.ring_heads.numel():
+                heads = store.ring_heads
+                new_keys, new_values, new_positions = staged
+                result[heads] = token_attention(
+                    queries[heads], torch.cat([store.ring_keys, new_keys], dim=1),
+                    torch.cat([store.ring_values, new_values], dim=1), query_positions,
+                    torch.cat([store.ring_positions, new_positions]), torch.ones_like(heads, dtype=torch.bool), **rule,
+                )
+        self.commit()
+        return output
+
+    def commit(self) -> None:
+        """Write the staged entries of the streaming heads into their rings (sink slots and the window)."""
+        if not self._staged:
+            return
+        config = self.cache.runtime.config
+        sink, local = config.sink_tokens, config.local_tokens
+        for store, (keys, values, positions) in zip(self.sequences, self._staged):
+            if not store.ring_heads.numel() or not positions.numel():
+                continue
+            last = int(positions[-1])
+            keep = (positions < sink) | (positions > last - local)
+            positions, keys, values = positions[keep], keys[:, keep], values[:, keep]
+            slots = torch.where(positions < sink, positions, sink + (positions - sink) % local)
+            store.ring_keys[:, slots] = keys
+            store.ring_values[:, slots] = values
+            store.ring_positions[slots] = positions
+        self._staged = []
+
+    def nbytes(self) -> int:
+        return sum(store.nbytes() for store in self.sequences)
+
+    # -- storage -------------------------------------------------------------------------------------------------
+
+    def _new_store(self, sequence: int, key_states: torch.Tensor) -> SequenceStore:
+        runtime = self.cache.runtime
+        num_kv, head_dim = key_states.shape[1], key_states.shape[3]
+        streaming = runtime.streaming_heads(self.layer_index, sequence, num_kv).to(key_states.device)
+        full_heads, ring_heads = (~streaming).nonzero().flatten(), streaming.nonzero().flatten()
+        ring_size = runtime.config.sink_tokens + runtime.config.local_tokens
+        new = lambda heads, size: key_states.new_zeros(heads.numel(), size, head_dim)  # noqa: E731
+        return SequenceStore(
+            full_heads=full_heads,
+            full_keys=new(full_heads, 0),
+            full_values=new(full_heads, 0),
+            ring_heads=ring_heads,
+            ring_keys=new(ring_heads, ring_size),
+            ring_values=new(ring_heads, ring_size),
+            ring_positions=torch.full((ring_size,), -1, dtype=torch.long, device=key_states.device),
+        )
+
+    @staticmethod
+    def _append_full(store: SequenceStore, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if not store.full_heads.numel():
+            return
+        needed = store.length + keys.shape[1]
+        capacity = store.full_keys.shape[1]
+        if needed > capacity:
+            # Grow by 1/32 (at least 64 entries): a copy every few dozen steps at long lengths, about 3% spare memory.
+            capacity = needed + max(64, needed // 32)
+            for name in ("full_keys", "full_values"):
+                old = getattr(store, name)
+                grown = old.new_zeros(old.shape[0], capacity, old.shape[2])
+                grown[:, : store.length] = old[:, : store.length]
+                setattr(store, name, grown)
+        store.full_keys[:, store.length : needed] = keys
+        store.full_values[:, store.length : needed] = values
+
+
+class ElasticCache(Cache):
+    """The bounded KV cache of a model with elastic attention attached (one `ElasticCacheLayer` per layer).
+
+    `generate` uses it automatically after ``attach(model, config)`` (``cache="bounded"``, the default). Create one
+    yourself to set ``max_length`` or to prefill a long prompt in chunks::
+
+        cache = ElasticCache(model)
+        for chunk in chunks:
+            model(input_ids=chunk, past_key_values=cache, attention_mask=mask_so_far)
+
+    Args:
+        model: the attached model (or its runtime).
+        max_length: most tokens per sequence (None: grows as needed); exceeding it raises.
+    """
+
+    def __init__(self, model, max_length: int | None = None) -> None:
+        from elastic_attention.integration.runtime import ElasticRuntime
+
+        runtime = model if isinstance(model, ElasticRuntime) else _runtime_of(model)
+        self.runtime = runtime
+        self.max_length = max_length
+        super().__init__(layers=[ElasticCacheLayer(self, index) for index in range(runtime.num_layers)])
+
+    def nbytes(self) -> int:
+        """Bytes held by the stored keys, values and ring positions, all layers."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+
+def _runtime_of(model):
+    from elastic_attention.integration.attach import runtime_of
+
+    return runtime_of(model)

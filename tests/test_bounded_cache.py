@@ -1,0 +1,161 @@
+"""The bounded KV cache (ElasticCache) against the full cache under the same token rule, and the rule itself."""
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from elastic_attention import ElasticCache, ElasticConfig, InputError, attach, force_routing, routers_of
+from elastic_attention.backends.tokens import token_attention
+from elastic_attention.integration import runtime_of
+from elastic_attention.patterns.tokens import token_rule_mask
+
+CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
+
+
+def attached(family="llama", cache="bounded", config=CONFIG, layers=2, seed=0):
+    model = tiny_model(family, layers=layers, seed=seed)
+    return attach(model, config, backend="reference", cache=cache)
+
+
+def per_sample_routers(model):
+    """Routers whose decisions depend strongly on the input, so samples of one batch route differently."""
+    with torch.no_grad():
+        for router in routers_of(model).values():
+            for parameter in router.parameters():
+                parameter.mul_(300.0)
+
+
+def prompt(batch=2, width=40, seed=0):
+    ids = torch.randint(3, 90, (batch, width), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[1:, :7] = 0
+    return ids, mask
+
+
+def generate(model, ids, mask, tokens=30):
+    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False,
+                          return_dict_in_generate=True, output_scores=True, pad_token_id=0)
+
+
+def test_token_rule_mask_equals_a_per_element_rule():
+    queries = torch.tensor([0, 5, 23, 40])
+    keys = torch.tensor([-1, 0, 3, 7, 8, 20, 23, 24, 39, 40, 41])
+    streaming = torch.tensor([False, True])
+    mask = token_rule_mask(queries, keys, streaming, sink_tokens=4, local_tokens=16)
+    for h, stream in enumerate(streaming.tolist()):
+        for i, q in enumerate(queries.tolist()):
+            for j, k in enumerate(keys.tolist()):
+                visible = 0 <= k <= q and (not stream or k < 4 or k > q - 16)
+                assert bool(mask[h, i, j]) == visible, (h, q, k)
+
+
+def test_token_attention_matches_float64_softmax_in_any_slot_order():
+    torch.manual_seed(0)
+    query = torch.randn(3, 2, 5, 16, dtype=torch.float64)
+    key, value = torch.randn(2, 3, 29, 16, dtype=torch.float64)
+    positions = torch.randperm(29)
+    positions[3] = -1
+    query_positions = torch.arange(24, 29)
+    streaming = torch.tensor([False, True, True])
+    actual = token_attention(query, key, value, query_positions, positions, streaming, sink_tokens=4,
+                             local_tokens=8, scale=0.25)
+    for h in range(3):
+        for i, q in enumerate(query_positions.tolist()):
+            keep = [j for j, k in enumerate(positions.tolist())
+                    if 0 <= k <= q and (not streaming[h] or k < 4 or k > q - 8)]
+            weights = torch.softmax(query[h, :, i] @ key[h, keep].T * 0.25, dim=-1)
+            torch.testing.assert_close(actual[h, :, i], weights @ value[h, keep])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_generation_with_the_bounded_cache_equals_the_full_cache(family):
+    ids, mask = prompt()
+    results = {}
+    for kind in ("bounded", "full"):
+        model = attached(family, kind)
+        per_sample_routers(model)
+        results[kind] = generate(model, ids, mask)
+        runtime = runtime_of(model)
+        decisions = torch.stack([runtime.decisions[layer] for layer in runtime.routed_layers])
+        assert (decisions[:, 0] != decisions[:, 1]).any(), "the two samples should route differently"
+        if kind == "bounded":
+            assert isinstance(runtime.cache, ElasticCache)
+            stores = runtime.cache.layers[0].sequences
+            streaming = runtime.decisions[0] <= 0.5
+            for n, store in enumerate(stores):
+                assert store.ring_heads.tolist() == streaming[n].nonzero().flatten().tolist()
+    assert torch.equal(results["bounded"].sequences, results["full"].sequences)
+    torch.testing.assert_close(torch.stack(results["bounded"].scores), torch.stack(results["full"].scores),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_ring_wraps_and_keeps_exactly_the_sink_and_the_window():
+    model = attached()
+    force_routing(model, "sparse")
+    ids, mask = prompt(batch=1, width=21)
+    generate(model, ids, mask, tokens=40)
+    cache = runtime_of(model).cache
+    for layer in cache.layers:
+        (store,) = layer.sequences
+        assert store.length == 21 + 39 and store.full_keys.shape[0] == 0
+        positions = store.ring_positions.tolist()
+        assert sorted(positions) == list(range(8)) + list(range(store.length - 16, store.length))
+        for slot, position in enumerate(positions):
+            assert slot == (position if position < 8 else 8 + (position - 8) % 16)
+    ring_bytes = 2 * 2 * (8 + 16) * 16 * 4 + (8 + 16) * 8
+    assert cache.nbytes() == 2 * ring_bytes
+    assert cache.get_seq_length() == 60
+
+
+def test_memory_is_released_per_sample():
+    ids, mask = prompt(width=600)
+    model = attached()
+    force_routing(model, torch.tensor([[True, False], [False, False]]))
+    generate(model, ids, mask, tokens=2)
+    layer0, layer1 = runtime_of(model).cache.layers
+    for store in layer0.sequences:
+        assert store.full_keys.shape[0] == 1 and store.ring_keys.shape[:2] == (1, 24)
+        assert 601 <= store.full_keys.shape[1] <= 601 + 64
+    for store in layer1.sequences:
+        assert store.full_keys.shape[0] == 0 and store.ring_keys.shape[:2] == (2, 24)
+    # One head in four keeps everything: the cache is about a quarter of the model's own (2 layers, k and v,
+    # 2 samples, 2 KV heads, 601 entries of 16 float32).
+    full_cache_bytes = 2 * 2 * 2 * 2 * 601 * 16 * 4
+    assert runtime_of(model).cache.nbytes() < 0.33 * full_cache_bytes
+
+
+def test_chunked_prefill_routes_on_the_first_chunk_and_equals_the_full_cache():
+    ids, mask = prompt(batch=2, width=70, seed=3)
+    chunks = [(0, 30), (30, 53), (53, 70)]
+    logits, caches = {}, {}
+    for kind in ("bounded", "full"):
+        model = attached(cache=kind)
+        per_sample_routers(model)
+        cache = ElasticCache(model) if kind == "bounded" else None
+        outputs = []
+        for begin, end in chunks:
+            output = model(input_ids=ids[:, begin:end], attention_mask=mask[:, :end], past_key_values=cache,
+                           use_cache=True)
+            cache = output.past_key_values
+            outputs.append(output.logits)
+        logits[kind], caches[kind] = torch.cat(outputs, dim=1), cache
+        runtime = runtime_of(model)
+        first = attached(cache=kind)
+        per_sample_routers(first)
+        first(input_ids=ids[:, :30], attention_mask=mask[:, :30])
+        for layer in runtime.routed_layers:
+            assert torch.equal(runtime.decisions[layer], runtime_of(first).decisions[layer])
+    assert isinstance(caches["bounded"], ElasticCache)
+    torch.testing.assert_close(logits["bounded"], logits["full"], atol=1e-5, rtol=1e-5)
+
+
+def test_misuse_is_refused_with_the_reason():
+    ids, mask = prompt(batch=1, width=20)
+    model, other = attached(), attached(seed=1)
+    cache = ElasticCache(model, max_length=24)
+    model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+    with pytest.raises(InputError, match="max_length 24"):
+        longer = torch.ones(1, 5, dtype=torch.long)
+        model(input_ids=longer, attention_mask=torch.ones(1, 25, dtype=torch.long), past_key_values=cache)
+    with pytest.raises(InputError, match="another model"):
+        other(input_ids=ids, attention_mask=mask, past_key_values=ElasticCache(model))
