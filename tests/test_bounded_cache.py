@@ -75,12 +75,12 @@ def test_generation_with_the_bounded_cache_equals_the_full_cache(family):
         model = attached(family, kind)
         per_sample_routers(model)
         results[kind] = generate(model, ids, mask)
-        runtime = runtime_of(model)
+        runtime, cache = runtime_of(model), results[kind].past_key_values
         decisions = torch.stack([runtime.decisions[layer] for layer in runtime.routed_layers])
         assert (decisions[:, 0] != decisions[:, 1]).any(), "the two samples should route differently"
         if kind == "bounded":
-            assert isinstance(runtime.cache, ElasticCache)
-            stores = runtime.cache.layers[0].sequences
+            assert isinstance(cache, ElasticCache) and runtime.cache is None
+            stores = cache.layers[0].sequences
             streaming = runtime.decisions[0] <= 0.5
             for n, store in enumerate(stores):
                 assert store.ring_heads.tolist() == streaming[n].nonzero().flatten().tolist()
@@ -93,8 +93,7 @@ def test_ring_wraps_and_keeps_exactly_the_sink_and_the_window():
     model = attached()
     force_routing(model, "sparse")
     ids, mask = prompt(batch=1, width=21)
-    generate(model, ids, mask, tokens=40)
-    cache = runtime_of(model).cache
+    cache = generate(model, ids, mask, tokens=40).past_key_values
     for layer in cache.layers:
         (store,) = layer.sequences
         assert store.length == 21 + 39 and store.full_keys.shape[0] == 0
@@ -111,8 +110,8 @@ def test_memory_is_released_per_sample():
     ids, mask = prompt(width=600)
     model = attached()
     force_routing(model, torch.tensor([[True, False], [False, False]]))
-    generate(model, ids, mask, tokens=2)
-    layer0, layer1 = runtime_of(model).cache.layers
+    cache = generate(model, ids, mask, tokens=2).past_key_values
+    layer0, layer1 = cache.layers
     for store in layer0.sequences:
         assert store.full_keys.shape[0] == 1 and store.ring_keys.shape[:2] == (1, 24)
         assert 601 <= store.full_keys.shape[1] <= 601 + 64
@@ -121,7 +120,7 @@ def test_memory_is_released_per_sample():
     # One head in four keeps everything: the cache is about a quarter of the model's own (2 layers, k and v,
     # 2 samples, 2 KV heads, 601 entries of 16 float32).
     full_cache_bytes = 2 * 2 * 2 * 2 * 601 * 16 * 4
-    assert runtime_of(model).cache.nbytes() < 0.33 * full_cache_bytes
+    assert cache.nbytes() < 0.33 * full_cache_bytes
 
 
 def test_chunked_prefill_routes_on_the_first_chunk_and_equals_the_full_cache():

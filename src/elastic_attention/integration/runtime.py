@@ -187,7 +187,9 @@ class ElasticRuntime:
         return torch.Generator(device).manual_seed(seed)
 
     def after_decoder(self, decoder: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        """Forward hook of the decoder: publish the routing report of a prefill."""
+        """Forward hook of the decoder: publish the routing report of a prefill; let go of this forward's cache (the
+        caller holds it, through the model's output)."""
+        self.cache = None
         layout = self.layout
         if layout is None or not layout.is_prefill or not self.decisions:
             return
