@@ -44,3 +44,19 @@ def test_prefill_benchmark_smoke_run_on_cpu(tmp_path):
     assert models == ["sdpa", "elastic-fa-ssa", "elastic-xa-ssa"]
     fa_ssa = result["rows"][1]
     assert fa_ssa["msr"] == pytest.approx(0.5) and 0 < fa_ssa["esr_mean"] < 1 and fa_ssa["seconds"] > 0
+
+
+@pytest.mark.slow
+def test_decode_benchmark_smoke_run_on_cpu(tmp_path):
+    out = tmp_path / "decode.json"
+    subprocess.run(
+        [sys.executable, "-m", "elastic_attention.cli", "bench", "decode", "--device", "cpu", "--layers", "2",
+         "--hidden", "128", "--heads", "4", "--kv-heads", "2", "--intermediate", "256", "--vocab", "500",
+         "--lengths", "700", "--batch", "2", "--block-size", "64", "--sink", "64", "--local", "128", "--msr", "1.0",
+         "--backend", "reference", "--steps", "1", "--tolerance", "1e-4", "--out", str(out)],
+        check=True, capture_output=True, env=ENV,
+    )
+    bounded, full = json.loads(out.read_text())["rows"]
+    assert (bounded["cache"], full["cache"]) == ("bounded", "full")
+    # Every head on SSA keeps sink + window = 192 of 701 entries.
+    assert bounded["bytes_vs_full"] < 0.3 and bounded["max_logit_difference"] < 1e-4

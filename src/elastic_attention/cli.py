@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
     trainer.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    bench = commands.add_parser("bench", help="GPU benchmarks: bench layer|prefill|train-step [options] (--help of each)")
-    bench.add_argument("benchmark", choices=["layer", "prefill", "train-step"])
+    bench = commands.add_parser("bench", help="GPU benchmarks: bench layer|prefill|decode|train-step [options]")
+    bench.add_argument("benchmark", choices=["layer", "prefill", "decode", "train-step"])
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
 
     args = parser.parse_args(argv)
