@@ -158,3 +158,19 @@ def test_misuse_is_refused_with_the_reason():
         model(input_ids=longer, attention_mask=torch.ones(1, 25, dtype=torch.long), past_key_values=cache)
     with pytest.raises(InputError, match="another model"):
         other(input_ids=ids, attention_mask=mask, past_key_values=ElasticCache(model))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_decode_step_matches_the_float64_rule(dtype):
+    torch.manual_seed(1)
+    query = torch.randn(3, 4, 1, 32, dtype=torch.float64)
+    key, value = torch.randn(2, 3, 41, 32, dtype=torch.float64)
+    positions = torch.randperm(41)
+    positions[5] = -1
+    streaming = torch.tensor([True, False, True])
+    rule = dict(sink_tokens=4, local_tokens=8, scale=32**-0.5)
+    expected = token_attention(query, key, value, torch.tensor([40]), positions, streaming, **rule)
+    actual = token_attention(query.to(dtype), key.to(dtype), value.to(dtype), torch.tensor([40]), positions,
+                             streaming, **rule)
+    assert actual.dtype == dtype
+    torch.testing.assert_close(actual.double(), expected, atol=2e-2, rtol=2e-2)

@@ -1,13 +1,15 @@
 """Attention of queries over keys at known logical positions under the token rule (`patterns.tokens`).
 
 The attention of steps that continue a cached past: over the keys of a full cache, or over the entries a bounded
-cache kept (whose slots need not be in position order). Plain torch, float32 (float64 for float64 inputs), queries
-processed in chunks so that no more than a bounded number of scores exists at once.
+cache kept (whose slots need not be in position order). Plain torch. A single query in half precision (a decode
+step) goes through torch's fused SDPA with a boolean mask, in its own dtype; everything else is computed in float32
+(float64 for float64 inputs), queries in chunks so that no more than a bounded number of scores exists at once.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from elastic_attention.patterns.tokens import token_rule_mask
 
@@ -43,6 +45,12 @@ def token_attention(
         position is always kept) would get zeros.
     """
     heads, group, num_queries, _ = query.shape
+    if num_queries == 1 and query.dtype in (torch.float16, torch.bfloat16):
+        allowed = token_rule_mask(query_positions, key_positions, streaming, sink_tokens, local_tokens)
+        attended = F.scaled_dot_product_attention(
+            query, key[:, None], value[:, None], attn_mask=allowed[:, None], scale=scale, enable_gqa=True
+        )
+        return attended * allowed.any(dim=-1)[:, None, :, None]
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32
     keys, values = key.to(compute), value.to(compute)
     output = torch.zeros(query.shape, dtype=compute, device=query.device)
