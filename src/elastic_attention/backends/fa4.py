@@ -84,8 +84,7 @@ class FA4Backend:
             return self.fallback.attend(query, key, value, layout, tables, scale)
         size = tables.block_size
         aligned = AlignedSequences.gather(query, key, value, layout, size)
-        num_sequences, num_heads, query_len, _ = aligned.query.shape
-        num_query_blocks = -(-query_len // size)
+        num_query_blocks = -(-aligned.query.shape[2] // size)
         num_key_blocks = -(-aligned.key.shape[2] // size)
         counts, index = fit_tables(tables, num_query_blocks, num_key_blocks)
         device = query.device
