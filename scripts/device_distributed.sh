@@ -14,9 +14,9 @@ while [ -d /tmp/work ] && { [ ! -e $R/gpu0.done ] || [ ! -e $R/tiny_v2.done ]; }
 echo "background work finished or waited out at $(( $(date +%s) - start )) s"
 run() { timeout "$1" "${@:2}"; echo "rc $? for ${*:2:6} at $(( $(date +%s) - start )) s"; }
 T="python3 -m torch.distributed.run --standalone"
-run 120 $T --nproc_per_node 1 -m elastic_attention.cli train configs/small_fsdp.yaml output_dir=/tmp/r1 --no-progress \
+run 120 $T --nproc_per_node 1 -m elastic_attention.cli train scripts/small_fsdp.yaml output_dir=/tmp/r1 --no-progress \
   > $R/small_1gpu.log 2>&1
-run 120 $T --nproc_per_node 2 -m elastic_attention.cli train configs/small_fsdp.yaml output_dir=/tmp/r2 \
+run 120 $T --nproc_per_node 2 -m elastic_attention.cli train scripts/small_fsdp.yaml output_dir=/tmp/r2 \
   distributed=fsdp --no-progress > $R/small_2gpu.log 2>&1
 python3 scripts/compare_routers.py /tmp/r1 /tmp/r2 --out $R/small_fsdp_comparison.json
 cp /tmp/r2/training.png $R/small_fsdp_training.png 2>/dev/null

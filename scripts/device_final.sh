@@ -13,11 +13,11 @@ start=$(date +%s)
 export PYTHONPATH=$PWD/src:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages
 R=/tmp/final; mkdir -p $R
 T="python3 -m torch.distributed.run --standalone"
-C="-m elastic_attention.cli train configs/small_fsdp.yaml steps=40 model=/tmp/backbone-small --no-progress"
+C="-m elastic_attention.cli train scripts/small_fsdp.yaml steps=40 model=/tmp/backbone-small"
 if [ "${1:-}" = train-one-gpu ]; then
   cp -r artifacts/backbone-small /tmp/backbone-small
   CUDA_VISIBLE_DEVICES=1 setsid nohup bash -c "for run in r1 r1b; do timeout 150 $T --nproc_per_node 1 $C \
-    output_dir=/tmp/\$run > $R/small_\$run.log 2>&1; done; touch $R/one_gpu.done" > /dev/null 2>&1 &
+    output_dir=/tmp/\$run --no-progress > $R/small_\$run.log 2>&1; done; touch $R/one_gpu.done" > /dev/null 2>&1 &
   exit 0
 fi
 [ -d /tmp/fa4site ] || bash .fa4b/install.sh
@@ -30,9 +30,9 @@ timeout 200 python3 -m elastic_attention.cli bench prefill --lengths 8k,32k,128k
 echo "prefill rc $? at $(( $(date +%s) - start )) s"
 while [ ! -e $R/one_gpu.done ] && [ $(( $(date +%s) - start )) -lt 400 ]; do sleep 3; done
 unset CUDA_VISIBLE_DEVICES
-timeout 120 $T --nproc_per_node 2 $C output_dir=/tmp/r2 distributed=fsdp > $R/small_r2_fsdp.log 2>&1
+timeout 120 $T --nproc_per_node 2 $C output_dir=/tmp/r2 distributed=fsdp --no-progress > $R/small_r2_fsdp.log 2>&1
 echo "fsdp rc $? at $(( $(date +%s) - start )) s"
-timeout 120 $T --nproc_per_node 2 $C output_dir=/tmp/r3 distributed=ddp > $R/small_r3_ddp.log 2>&1
+timeout 120 $T --nproc_per_node 2 $C output_dir=/tmp/r3 distributed=ddp --no-progress > $R/small_r3_ddp.log 2>&1
 echo "ddp rc $? at $(( $(date +%s) - start )) s"
 for pair in "r1 r1b" "r1 r2" "r1 r3"; do set -- $pair
   python3 scripts/compare_routers.py /tmp/$1 /tmp/$2 --out $R/compare_$1_$2.json; done
