@@ -24,21 +24,26 @@ from elastic_attention.training import DataConfig, TrainConfig, train
 
 DEMO_TASKS = ("needle_single", "local_recall")
 DEMO_TRAIN_LENGTH = 1024
-DEMO_ELASTIC = {"block_size": 32, "sink_tokens": 32, "local_tokens": 128, "xa_stride": 8}
+# A 256-token window makes local_recall truly robust on this backbone (all-sparse accuracy 1.0; with 128 it is 0.92,
+# and its LM loss then resists sparsity). The instruction and question of the suite's prompts are short, so pooling
+# reads the first 24 and last 16 tokens. benchmarks/results/router_recipe_tiny_2026-11-29.md has the search.
+DEMO_ELASTIC = {"block_size": 32, "sink_tokens": 32, "local_tokens": 256, "xa_stride": 8, "pool_first": 24,
+                "pool_last": 16}
 
 
 def demo_config(output_dir: Path, seed: int = 0) -> TrainConfig:
-    """Router training of the demo: 30 steps of 2 packs of up to 2048 tokens, learning rates raised for so few steps."""
+    """Router training of the demo: 60 steps of 4 packs (both tasks in most steps) of up to 2048 tokens, learning
+    rates raised for so few steps, a low target on the sensitive task and fast multipliers."""
     return TrainConfig(
         model=str(TINY_BACKBONE),
         output_dir=str(output_dir / "train"),
         elastic=DEMO_ELASTIC,
         data=DataConfig(tasks=DEMO_TASKS, lengths=(DEMO_TRAIN_LENGTH,), rows=64, budget=2048, seed=1000 + seed),
-        targets={"needle_single": 0.7, "local_recall": 1.0},
-        steps=30,
-        packs_per_step=2,
+        targets={"needle_single": 0.5, "local_recall": 1.0},
+        steps=60,
+        packs_per_step=4,
         router_lr=1e-2,
-        multiplier_lr=0.1,
+        multiplier_lr=1.0,
         seed=seed,
         device="cpu",
     )
