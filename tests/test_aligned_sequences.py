@@ -52,3 +52,22 @@ def test_packed_and_decode_layouts_are_copied():
 def test_fa4_by_name_says_why_it_cannot_run():
     with pytest.raises(BackendUnavailableError, match="fa4.*CUDA GPU"):
         get_backend("fa4")
+
+
+def test_fa4_says_which_calls_it_hands_to_its_fallback():
+    from elastic_attention import ElasticConfig
+    from elastic_attention.backends.fa4 import FA4Backend
+    from elastic_attention.patterns import build_block_tables
+
+    def reason(query, layout, block_size=64):
+        config = ElasticConfig(block_size=block_size, sink_tokens=block_size, local_tokens=block_size)
+        tables = build_block_tables(layout, torch.tensor([[0, 1]]), config, 4)
+        return FA4Backend.unhandled_reason(query, query[:, :2], query[:, :2], layout, tables)
+
+    prefill = SequenceLayout.dense(1, 70)
+    half = torch.randn(1, 4, 70, 8, dtype=torch.bfloat16)
+    assert reason(half, prefill) is None
+    assert "cached past" in reason(half[:, :, -1:], SequenceLayout.dense(1, 70, query_len=1))
+    assert "gradients" in reason(half.clone().requires_grad_(), prefill)
+    assert "float32" in reason(half.float(), prefill)
+    assert "block size 32" in reason(half, prefill, block_size=32)

@@ -1,4 +1,4 @@
-"""The GPU benchmark scripts run end to end at CPU-sized shapes (their numbers come from the device machine)."""
+"""The GPU benchmarks run end to end at CPU-sized shapes (their numbers come from the device machine)."""
 
 import json
 import os
@@ -10,19 +10,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+#: A decoder small enough for a CPU, with the patterns of the tiny configs.
+TINY_MODEL = ["--device", "cpu", "--layers", "2", "--hidden", "128", "--heads", "4", "--kv-heads", "2",
+              "--intermediate", "256", "--vocab", "500", "--block-size", "64", "--sink", "64", "--local", "128"]
+
+
+def run_bench(name: str, tmp_path: Path, *options: str) -> dict:
+    """Run `elastic-attention bench NAME OPTIONS --out ...` and return the JSON it wrote."""
+    out = tmp_path / f"{name}.json"
+    subprocess.run([sys.executable, "-m", "elastic_attention.cli", "bench", name, *options, "--out", str(out)],
+                   check=True, capture_output=True, env=ENV)
+    return json.loads(out.read_text())
 
 
 @pytest.mark.slow
 def test_layer_benchmark_smoke_run_on_cpu(tmp_path):
-    out = tmp_path / "layer.json"
-    subprocess.run(
-        [sys.executable, "-m", "elastic_attention.cli", "bench", "layer", "--device", "cpu", "--lengths", "300",
-         "--msr", "0.5", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--block-size", "64", "--sink", "64",
-         "--local", "128", "--repeats", "1", "--tolerance", "1e-4",
-         "--backends", "flex", "--out", str(out)],
-        check=True, capture_output=True, env=ENV,
-    )
-    result = json.loads(out.read_text())
+    result = run_bench("layer", tmp_path, "--device", "cpu", "--lengths", "300", "--msr", "0.5", "--heads", "4",
+                       "--kv-heads", "2", "--head-dim", "32", "--block-size", "64", "--sink", "64", "--local", "128",
+                       "--repeats", "1", "--tolerance", "1e-4", "--backends", "flex")
     row = result["rows"][0]
     assert result["device"] == "cpu" and result["command"]
     assert row["flex_max_error"] < 1e-4 and 0 < row["attended_block_fraction"] <= 1
@@ -31,15 +36,8 @@ def test_layer_benchmark_smoke_run_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_prefill_benchmark_smoke_run_on_cpu(tmp_path):
-    out = tmp_path / "prefill.json"
-    subprocess.run(
-        [sys.executable, "-m", "elastic_attention.cli", "bench", "prefill", "--device", "cpu", "--layers", "2",
-         "--hidden", "128", "--heads", "4", "--kv-heads", "2", "--intermediate", "256", "--vocab", "500",
-         "--lengths", "300", "--configurations", "fa-ssa,xa-ssa", "--modes", "sdpa", "--backend", "flex",
-         "--block-size", "64", "--sink", "64", "--local", "128", "--msr", "0.5", "--repeats", "1", "--out", str(out)],
-        check=True, capture_output=True, env=ENV,
-    )
-    result = json.loads(out.read_text())
+    result = run_bench("prefill", tmp_path, *TINY_MODEL, "--lengths", "300", "--configurations", "fa-ssa,xa-ssa",
+                       "--modes", "sdpa", "--backend", "flex", "--msr", "0.5", "--repeats", "1")
     models = [row["model"] for row in result["rows"]]
     assert models == ["sdpa", "elastic-fa-ssa", "elastic-xa-ssa"]
     fa_ssa = result["rows"][1]
@@ -48,15 +46,18 @@ def test_prefill_benchmark_smoke_run_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_decode_benchmark_smoke_run_on_cpu(tmp_path):
-    out = tmp_path / "decode.json"
-    subprocess.run(
-        [sys.executable, "-m", "elastic_attention.cli", "bench", "decode", "--device", "cpu", "--layers", "2",
-         "--hidden", "128", "--heads", "4", "--kv-heads", "2", "--intermediate", "256", "--vocab", "500",
-         "--lengths", "700", "--batch", "2", "--block-size", "64", "--sink", "64", "--local", "128", "--msr", "1.0",
-         "--backend", "reference", "--steps", "1", "--tolerance", "1e-4", "--out", str(out)],
-        check=True, capture_output=True, env=ENV,
-    )
-    bounded, full = json.loads(out.read_text())["rows"]
+    result = run_bench("decode", tmp_path, *TINY_MODEL, "--lengths", "700", "--batch", "2", "--msr", "1.0",
+                       "--backend", "reference", "--steps", "1", "--tolerance", "1e-4")
+    bounded, full = result["rows"]
     assert (bounded["cache"], full["cache"]) == ("bounded", "full")
     # Every head on SSA keeps sink + window = 192 of 701 entries.
     assert bounded["bytes_vs_full"] < 0.3 and bounded["max_logit_difference"] < 1e-4
+
+
+@pytest.mark.slow
+def test_train_step_benchmark_smoke_run_on_cpu(tmp_path):
+    result = run_bench("train-step", tmp_path, *TINY_MODEL, "--length", "256", "--answer-tokens", "8",
+                       "--gradient-checkpointing", "--backend", "reference", "--steps", "2")
+    assert result["world_size"] == 1 and result["gradient_checkpointing"] and result["length"] == 256
+    assert result["model"]["layers"] == 2 and result["step_seconds"] > 0
+    assert result["tokens_per_second"] == pytest.approx(256 / result["step_seconds"])

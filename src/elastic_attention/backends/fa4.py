@@ -7,18 +7,21 @@ prefill batch).
 
 Forward only, prefill only, bf16/fp16, block size 64 or 128: other calls (decode steps, chunked prefill, inputs that
 need gradients, float32, other block sizes) go to the fallback backend (``flex``), which computes the same
-attention.
+attention; each reason is logged once.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 import torch
 
 from elastic_attention.backends.sequences import AlignedSequences, fit_tables
 from elastic_attention.errors import BackendUnavailableError
 from elastic_attention.patterns import BlockTables, SequenceLayout
+
+logger = logging.getLogger(__name__)
 
 #: Block sizes (tokens) the SM90 kernel accepts as sparse blocks.
 SUPPORTED_BLOCK_SIZES = (64, 128)
@@ -51,6 +54,7 @@ class FA4Backend:
         self._attention = flash_attn_func
         self._tables_type = BlockSparseTensorsTorch
         self._fallback = fallback
+        self._fallback_reasons_logged: set[str] = set()
 
     @property
     def fallback(self):
@@ -61,15 +65,17 @@ class FA4Backend:
         return self._fallback
 
     @staticmethod
-    def handles(query, key, value, layout: SequenceLayout, tables: BlockTables) -> bool:
-        """Whether the fa4 kernel computes this call (else the fallback does)."""
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-        return (
-            layout.is_prefill
-            and not needs_grad
-            and query.dtype in (torch.float16, torch.bfloat16)
-            and tables.block_size in SUPPORTED_BLOCK_SIZES
-        )
+    def unhandled_reason(query, key, value, layout: SequenceLayout, tables: BlockTables) -> str | None:
+        """Why the fa4 kernel does not compute this call (the fallback then does), or None when it does."""
+        if not layout.is_prefill:
+            return "queries that continue a cached past (decode steps, later prompt chunks)"
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+            return "inputs that need gradients (the kernel is forward-only)"
+        if query.dtype not in (torch.float16, torch.bfloat16):
+            return f"{query.dtype} inputs (the kernel takes bf16 or fp16)"
+        if tables.block_size not in SUPPORTED_BLOCK_SIZES:
+            return f"block size {tables.block_size} (the kernel takes {SUPPORTED_BLOCK_SIZES})"
+        return None
 
     def attend(
         self,
@@ -80,7 +86,11 @@ class FA4Backend:
         tables: BlockTables,
         scale: float,
     ) -> torch.Tensor:
-        if not self.handles(query, key, value, layout, tables):
+        reason = self.unhandled_reason(query, key, value, layout, tables)
+        if reason is not None:
+            if reason not in self._fallback_reasons_logged:
+                logger.info("elastic-attention: fa4 hands %s to %r", reason, self.fallback.name)
+                self._fallback_reasons_logged.add(reason)
             return self.fallback.attend(query, key, value, layout, tables, scale)
         size = tables.block_size
         aligned = AlignedSequences.gather(query, key, value, layout, size)

@@ -17,8 +17,14 @@ from pathlib import Path
 
 import torch
 
-from elastic_attention import ElasticCache, ElasticConfig, attach, detach, force_routing
-from elastic_attention.bench.prefill import build_model, forced_routing
+from elastic_attention import ElasticCache, attach, detach, force_routing
+from elastic_attention.bench.model import (
+    add_model_arguments,
+    build_model,
+    elastic_config,
+    forced_routing,
+    model_fields,
+)
 from elastic_attention.bench.timing import parse_tokens, run_header, timed, write_result
 
 
@@ -31,9 +37,9 @@ def cache_bytes(cache) -> int:
 
 def run(args) -> dict:
     device = torch.device(args.device)
-    model = build_model(args, device)
+    model = build_model(args, device, max(args.lengths))
     routing = forced_routing(args.layers, args.kv_heads, args.msr, args.seed)
-    config = ElasticConfig(block_size=args.block_size, sink_tokens=args.sink, local_tokens=args.local)
+    config = elastic_config(args)
     rows = []
     for length in args.lengths:
         for batch in args.batch:
@@ -77,7 +83,7 @@ def run(args) -> dict:
                            max_logit_difference=difference)
     return {
         **run_header(device),
-        "model": {key: getattr(args, key) for key in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab")},
+        "model": model_fields(args),
         "elastic": {"backend": args.backend, "msr": args.msr, "block_size": args.block_size, "sink": args.sink,
                     "local": args.local},
         "baseline": "the same model and routing with the model's own (full) cache, same process",
@@ -91,19 +97,9 @@ def parse_args(argv=None):
     parser.add_argument("--batch", type=lambda t: [int(b) for b in t.split(",")], default=[1, 8])
     parser.add_argument("--backend", default="auto", help="prefill backend")
     parser.add_argument("--msr", type=float, default=0.7)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--intermediate", type=int, default=14336)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=128256)
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--sink", type=int, default=128)
-    parser.add_argument("--local", type=int, default=2048)
+    add_model_arguments(parser)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--tolerance", type=float, default=0.1, help="largest next-token logit difference allowed")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from elastic_attention import AttentionRouter, ElasticConfig
+from elastic_attention import AttentionRouter
 from elastic_attention.backends import ReferenceBackend, get_backend
+from elastic_attention.bench.model import add_pattern_arguments, elastic_config
 from elastic_attention.bench.timing import dense_baselines, parse_tokens, run_header, timed, write_result
 from elastic_attention.patterns import MODE_CODES, BlockTableBuilder, SequenceLayout
 from elastic_attention.router import boundary_pool
@@ -34,8 +35,7 @@ def attended_block_fraction(tables, length: int) -> float:
 def run(args) -> dict:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = ElasticConfig(configuration=args.configuration, block_size=args.block_size, sink_tokens=args.sink,
-                           local_tokens=args.local)
+    config = elastic_config(args, args.configuration)
     retrieval, sparse = MODE_CODES[config.retrieval_mode], MODE_CODES[config.sparse_mode]
     router = AttentionRouter(args.head_dim).to(device).eval()
     backends = {name: get_backend(name) for name in args.backends}
@@ -105,9 +105,7 @@ def parse_args(argv=None):
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--configuration", default="fa-ssa", choices=["fa-ssa", "fa-xa", "xa-ssa"])
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--sink", type=int, default=128)
-    parser.add_argument("--local", type=int, default=2048)
+    add_pattern_arguments(parser)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--check-up-to", type=int, default=8192, help="check backends against the reference up to")
     parser.add_argument("--tolerance", type=float, default=3e-2)

@@ -22,30 +22,16 @@ from pathlib import Path
 import torch
 
 from elastic_attention import ElasticConfig, attach, detach, force_routing, routing_report
+from elastic_attention.bench.model import (
+    add_model_arguments,
+    build_model,
+    elastic_config,
+    forced_routing,
+    model_fields,
+)
 from elastic_attention.bench.timing import parse_tokens, run_header, timed, write_result
 
 FA4_DENSE = "fa4_dense"
-
-
-def build_model(args, device: torch.device):
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    config = LlamaConfig(
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        head_dim=args.hidden // args.heads,
-        vocab_size=args.vocab,
-        max_position_embeddings=max(args.lengths),
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-        tie_word_embeddings=False,
-    )
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model.eval()
 
 
 def register_fa4_dense() -> None:
@@ -62,19 +48,9 @@ def register_fa4_dense() -> None:
     AttentionInterface.register(FA4_DENSE, fa4_dense)
 
 
-def forced_routing(layers: int, kv_heads: int, msr: float, seed: int) -> torch.Tensor:
-    """[L, Hkv] bool with round((1 - msr) * L * Hkv) heads on retrieval attention, chosen at random."""
-    total = layers * kv_heads
-    retrieval = round((1.0 - msr) * total)
-    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
-    chosen = torch.zeros(total, dtype=torch.bool)
-    chosen[order[:retrieval]] = True
-    return chosen.view(layers, kv_heads)
-
-
 def run(args) -> dict:
     device = torch.device(args.device)
-    model = build_model(args, device)
+    model = build_model(args, device, max(args.lengths))
     if FA4_DENSE in args.modes:
         register_fa4_dense()
     routing = forced_routing(args.layers, args.kv_heads, args.msr, args.seed)
@@ -91,8 +67,7 @@ def run(args) -> dict:
             model.set_attn_implementation(mode)
             rows.append(measure(prefill, device, args, {"length": length, "model": mode}))
         for configuration in args.configurations:
-            config = ElasticConfig(configuration=configuration, block_size=args.block_size, sink_tokens=args.sink,
-                                   local_tokens=args.local)
+            config = elastic_config(args, configuration)
             if length <= args.check_up_to:
                 check_against_reference(model, input_ids, config, routing, args.backend)
             attach(model, config, backend=args.backend)
@@ -104,7 +79,7 @@ def run(args) -> dict:
             rows.append(row)
     return {
         **run_header(device),
-        "model": {key: getattr(args, key) for key in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab")},
+        "model": model_fields(args),
         "elastic": {"backend": args.backend, "msr": args.msr, "block_size": args.block_size, "sink": args.sink,
                     "local": args.local},
         "baselines": "sdpa (cuDNN) and fa4_dense models, same weights, same inputs, same process",
@@ -153,19 +128,9 @@ def parse_args(argv=None):
                         default=["fa-ssa", "fa-xa", "xa-ssa"])
     parser.add_argument("--backend", default="fa4")
     parser.add_argument("--msr", type=float, default=0.7)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--intermediate", type=int, default=14336)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=128256)
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--sink", type=int, default=128)
-    parser.add_argument("--local", type=int, default=2048)
+    add_model_arguments(parser)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--check-up-to", type=int, default=8192, help="check against the reference up to")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from elastic_attention import ElasticConfig, attach, routers_of, routing_report
-from elastic_attention.bench.prefill import build_model
+from elastic_attention import attach, routers_of, routing_report
+from elastic_attention.bench.model import add_model_arguments, build_model, elastic_config, model_fields
 from elastic_attention.bench.timing import parse_tokens, run_header, write_result
 from elastic_attention.training.distributed import distributed_rank, shard_backbone, training_device
 from elastic_attention.training.objective import SparsityObjective
@@ -31,10 +31,8 @@ def run(args) -> dict | None:
     rank, world_size = distributed_rank()
     device = training_device(args.device, rank)
     torch.manual_seed(args.seed)
-    args.lengths = [args.length]
-    model = build_model(args, device)
-    attach(model, ElasticConfig(block_size=args.block_size, sink_tokens=args.sink, local_tokens=args.local),
-           backend=args.backend)
+    model = build_model(args, device, args.length)
+    attach(model, elastic_config(args), backend=args.backend)
     for router in routers_of(model).values():
         router.float()
     if args.gradient_checkpointing:
@@ -85,7 +83,7 @@ def run(args) -> dict | None:
     return {
         **run_header(device),
         "world_size": world_size,
-        "model": {key: getattr(args, key) for key in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab")},
+        "model": model_fields(args),
         "length": args.length,
         "gradient_checkpointing": args.gradient_checkpointing,
         "backend": args.backend,
@@ -103,19 +101,9 @@ def parse_args(argv=None):
     parser.add_argument("--target", type=float, default=0.7, help="target MSR of the regulariser")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--backend", default="auto")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--intermediate", type=int, default=14336)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=128256)
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--sink", type=int, default=128)
-    parser.add_argument("--local", type=int, default=2048)
+    add_model_arguments(parser)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 

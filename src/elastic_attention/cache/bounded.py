@@ -147,13 +147,13 @@ class ElasticCacheLayer(CacheLayerMixin):
         output = torch.zeros_like(query)
         num_kv = self.sequences[0].full_heads.numel() + self.sequences[0].ring_heads.numel()
         group = query.shape[1] // num_kv
+        rule = dict(sink_tokens=config.sink_tokens, local_tokens=config.local_tokens, scale=scale)
         for store, staged, (row, _, length, first_row, count) in zip(self.sequences, self._staged, layout.spans()):
             if count == 0:
                 continue
             queries = query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
             query_positions = torch.arange(length - count, length, device=query.device)
             result = output[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
-            rule = dict(sink_tokens=config.sink_tokens, local_tokens=config.local_tokens, scale=scale)
             if store.full_heads.numel():
                 heads = store.full_heads
                 result[heads] = token_attention(

@@ -215,8 +215,9 @@ class ElasticRuntime:
     ) -> torch.Tensor:
         """Hybrid attention of one layer: [B, Hq, S_q, D] in, [B, Hq, S_q, D] out."""
         layout = self.layout
-        bounded = self.cache is not None and not layout.is_prefill if layout is not None else False
-        expected_keys = layout.query_len if bounded else (layout.kv_len if layout is not None else -1)
+        # With a bounded cache, a step after the prompt receives only its own new keys; the rest is in the cache.
+        bounded = layout is not None and self.cache is not None and not layout.is_prefill
+        expected_keys = None if layout is None else layout.query_len if bounded else layout.kv_len
         if layout is None or key.shape[2] != expected_keys or query.shape[2] != layout.query_len:
             raise InputError(
                 "elastic attention saw keys/queries that do not match this forward's inputs; "
