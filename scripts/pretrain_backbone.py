@@ -154,10 +154,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--length-warmup-steps", type=int, default=300)
     parser.add_argument("--tokens-per-step", type=int, default=None, help="default 65536 on CUDA, 2048 on CPU")
     parser.add_argument("--suite-fraction", type=float, default=0.5, help="share of sequences that are suite rows")
+    parser.add_argument("--suite-start-step", type=int, default=0, help="steps before the first suite row (dense only)")
     parser.add_argument("--dense-needle-rate", type=float, default=0.2, help="needles per segment, dense sequences")
     parser.add_argument("--dense-query-rate", type=float, default=0.2, help="queries per segment, dense sequences")
     parser.add_argument("--dense-repeat-rate", type=float, default=0.0, help="rate of random copy spans in dense sequences")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
+    parser.add_argument("--qk-norm-init", type=float, default=1.0, help="initial query/key RMSNorm weight")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
     parser.add_argument("--min-lr-ratio", type=float, default=0.1)
     parser.add_argument("--warmup-steps", type=int, default=200)
@@ -324,7 +326,8 @@ class StepBatches(torch.utils.data.IterableDataset):
         rows, labels, is_suite = [], [], []
         for index in range(count):
             sequence = None
-            if rng.fraction() < self.args.suite_fraction:
+            suite_fraction = self.args.suite_fraction if step >= self.args.suite_start_step else 0.0
+            if rng.fraction() < suite_fraction:
                 sequence = suite_sequence(rng, length, self.ids, self.tokenizer, _seed("row", self.args.seed, step, index))
             from_suite = sequence is not None
             if sequence is None:
@@ -390,12 +393,20 @@ def build_config(preset: Preset, tokenizer: Any, max_len: int) -> Any:
     return config
 
 
-def build_model(config: Any, device: torch.device) -> torch.nn.Module:
-    """``Qwen3ForCausalLM`` from the config with SDPA attention, float32 weights on ``device``."""
+def build_model(config: Any, device: torch.device, qk_norm_init: float = 1.0) -> torch.nn.Module:
+    """``Qwen3ForCausalLM`` from the config with SDPA attention, float32 weights on ``device``.
+
+    ``qk_norm_init`` is the initial value of the query and key RMSNorm weights: with Qwen3's QK-norm an attention
+    logit is at most ``qk_norm_init**2 * sqrt(head_dim)``, so the default of 1 caps early attention sharpness.
+    """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                parameter.fill_(qk_norm_init)
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
@@ -634,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     preset = PRESETS[args.preset]
     tokenizer = build_tokenizer()
     config = build_config(preset, tokenizer, max(args.max_len, args.eval_len))
-    model = build_model(config, device)
+    model = build_model(config, device, args.qk_norm_init)
     parameters = sum(p.numel() for p in model.parameters())
     print(f"preset {args.preset}: {parameters:,} parameters, device {device}, max_len {args.max_len}, "
           f"{args.tokens_per_step} tokens/step, budget {args.max_seconds:.0f} s / {args.max_steps} steps", flush=True)
