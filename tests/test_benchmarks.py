@@ -46,12 +46,16 @@ def test_prefill_benchmark_smoke_run_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_decode_benchmark_smoke_run_on_cpu(tmp_path):
-    result = run_bench("decode", tmp_path, *TINY_MODEL, "--lengths", "700", "--batch", "2", "--msr", "1.0",
+    result = run_bench("decode", tmp_path, *TINY_MODEL, "--lengths", "700", "--batch", "1,2", "--msr", "1.0",
                        "--backend", "reference", "--steps", "1", "--tolerance", "1e-4")
-    bounded, full = result["rows"]
-    assert (bounded["cache"], full["cache"]) == ("bounded", "full")
-    # Every head on SSA keeps sink + window = 192 of 701 entries.
-    assert bounded["bytes_vs_full"] < 0.3 and bounded["max_logit_difference"] < 1e-4
+    rows = {(row["cache"], row["batch"]): row for row in result["rows"]}
+    assert sorted(rows) == [(kind, batch) for kind in ("bounded", "dense", "full") for batch in (1, 2)]
+    # Every head on SSA keeps sink + window = 192 of 701 entries; the batch of 2 repeats the prefilled cache.
+    for batch in (1, 2):
+        bounded = rows["bounded", batch]
+        assert bounded["bytes_vs_full"] < 0.3 and bounded["bytes_vs_dense"] == pytest.approx(bounded["bytes_vs_full"])
+        assert bounded["cache_bytes"] == batch * rows["bounded", 1]["cache_bytes"]
+    assert rows["bounded", 1]["max_logit_difference"] < 1e-4
 
 
 @pytest.mark.slow

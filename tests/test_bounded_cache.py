@@ -67,9 +67,10 @@ def test_token_attention_matches_float64_softmax_in_any_slot_order():
             torch.testing.assert_close(actual[h, :, i], weights @ value[h, keep])
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_generation_with_the_bounded_cache_equals_the_full_cache(family):
-    ids, mask = prompt()
+@pytest.mark.parametrize("family, width", [("llama", 40), ("qwen3", 40), ("llama", 12)])
+def test_generation_with_the_bounded_cache_equals_the_full_cache(family, width):
+    """Width 12 starts decoding before the rings (sink 8 + local 16) are full, and wraps them later."""
+    ids, mask = prompt(width=width)
     results = {}
     for kind in ("bounded", "full"):
         model = attached(family, kind)
@@ -174,3 +175,29 @@ def test_half_precision_decode_step_matches_the_float64_rule(dtype):
                              streaming, **rule)
     assert actual.dtype == dtype
     torch.testing.assert_close(actual.double(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_repeating_the_cache_repeats_each_samples_routing():
+    model = attached()
+    per_sample_routers(model)
+    ids, mask = prompt(width=30)
+    runtime = runtime_of(model)
+
+    def prefill():
+        output = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        return output.past_key_values, output.logits[:, -1:].argmax(-1)
+
+    def decode(cache, token, rows_mask):
+        step_mask = torch.cat([rows_mask, torch.ones_like(rows_mask[:, :1])], dim=1)
+        return model(input_ids=token, attention_mask=step_mask, past_key_values=cache).logits[:, -1]
+
+    with torch.no_grad():
+        cache, token = prefill()
+        expected = decode(cache, token, mask)
+        cache, token = prefill()
+        routed = {layer: z.clone() for layer, z in runtime.decisions.items()}
+        cache.batch_repeat_interleave(2)
+        for layer, z in runtime.decisions.items():
+            assert torch.equal(z, routed[layer].repeat_interleave(2, dim=0))
+        repeated = decode(cache, token.repeat_interleave(2, dim=0), mask.repeat_interleave(2, dim=0))
+    torch.testing.assert_close(repeated, expected.repeat_interleave(2, dim=0), atol=1e-5, rtol=1e-5)

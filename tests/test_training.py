@@ -183,13 +183,14 @@ def test_cli_run_killed_midway_resumes_to_the_uninterrupted_result(tmp_path, ran
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
-def test_two_gloo_processes_match_one_process(tmp_path, random_suite_backbone, distributed):
+@pytest.mark.parametrize("distributed, extra", [("ddp", {}), ("fsdp", {}),
+                                               ("fsdp", {"fsdp_reshard_after_forward": False})])
+def test_two_gloo_processes_match_one_process(tmp_path, random_suite_backbone, distributed, extra):
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ELASTIC_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
     single = write_config(tmp_path, random_suite_backbone, "single", steps=3, checkpoint_every=0, device="cpu")
     subprocess.run(cli("train", str(single), "--no-progress"), check=True, env=environment, capture_output=True)
     double = write_config(tmp_path, random_suite_backbone, "double", steps=3, checkpoint_every=0, device="cpu",
-                          distributed=distributed)
+                          distributed=distributed, **extra)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 "-m", "elastic_attention.cli", "train", str(double), "--no-progress"]
     result = subprocess.run(torchrun, env=environment, capture_output=True, text=True)

@@ -1,9 +1,16 @@
-"""Decode with the bounded cache against the full cache: KV bytes and step latency (issue 6, item 4).
+"""Decode with the bounded cache against full caches: KV bytes and step latency (issue 6, item 4).
 
-Builds a decoder with random bf16 weights from a config (default: the Llama-3.1-8B shape; nothing is downloaded),
-attaches elastic attention with routing forced to ``--msr`` (FA-SSA), and for each length and batch size: prefills a
-random prompt once with each cache kind (``bounded``: `ElasticCache`; ``full``: the model's own cache), records the
-bytes the cache holds, checks that both caches give the same next-token logits, and times ``--steps`` decode steps.
+Builds a decoder with random bf16 weights from a config (default: the Llama-3.1-8B shape; nothing is downloaded)
+and, for each length, prefills one random prompt of batch 1 with each cache kind:
+
+- ``bounded``: elastic attention attached with routing forced to ``--msr`` (FA-SSA) and `ElasticCache`;
+- ``full``: the same routing with the model's own full cache (the paper's decode: SSA heads masked, nothing freed);
+- ``dense``: the unmodified model (elastic attention detached) with its own cache and attention implementation.
+
+Each prefilled cache is then repeated along the batch (``Cache.batch_repeat_interleave``) to every ``--batch`` size
+in turn, so a batch-8 cache at 128K needs no batch-8 prefill; at each size it records the cache bytes and the median
+time of ``--steps`` decode steps. A cache that does not fit is recorded as ``out_of_memory``. The bounded and full
+caches must give the same next-token logits at batch 1 (``--tolerance``).
 
   elastic-attention bench decode --lengths 32k,128k --batch 1,8 --out benchmarks/results/decode.json
   elastic-attention bench decode --device cpu --layers 2 --hidden 128 --heads 4 --kv-heads 2 --intermediate 256 \\
@@ -18,6 +25,7 @@ from pathlib import Path
 import torch
 
 from elastic_attention import ElasticCache, attach, detach, force_routing
+from elastic_attention.integration.attach import is_attached, runtime_of
 from elastic_attention.bench.model import (
     add_model_arguments,
     build_model,
@@ -27,6 +35,8 @@ from elastic_attention.bench.model import (
 )
 from elastic_attention.bench.timing import parse_tokens, run_header, timed, write_result
 
+CACHE_KINDS = ("bounded", "full", "dense")
+
 
 def cache_bytes(cache) -> int:
     """Bytes of keys and values a cache holds (an `ElasticCache`, or a transformers cache of full tensors)."""
@@ -35,58 +45,104 @@ def cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
+def batch_sizes(text: str) -> list[int]:
+    """Ascending batch sizes, each a multiple of the previous one (caches grow by repetition)."""
+    sizes = [int(b) for b in text.split(",")]
+    if sizes[0] < 1 or any(b % a or b <= a for a, b in zip(sizes, sizes[1:])):
+        raise argparse.ArgumentTypeError(f"--batch must ascend, each a multiple of the one before; got {text}")
+    return sizes
+
+
+def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.device) -> tuple[list[dict], torch.Tensor]:
+    """Prefill ``prompt`` [1, L] with one cache kind, then time decode steps at every batch size.
+
+    Returns:
+        (one row per batch size, the batch-1 next-token logits [1, 1, vocab] float32).
+    """
+    if kind != "dense":
+        attach(model, elastic_config(args), backend=args.backend, cache=kind)
+        force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
+    length = prompt.shape[1]
+    rows, first_logits, batch = [], None, 1
+    state = {}
+    try:
+        with torch.inference_mode():
+            output = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
+            state.update(cache=output.past_key_values, length=length, token=output.logits[:, -1:].argmax(-1))
+            del output
+
+            def step():
+                state["length"] += 1
+                rows_now = state["token"].shape[0]
+                mask = torch.ones(rows_now, state["length"], dtype=torch.long, device=device)
+                return model(input_ids=state["token"], attention_mask=mask, past_key_values=state["cache"],
+                             use_cache=True, logits_to_keep=1)
+
+            for size in args.batch:
+                row = {"length": length, "batch": size, "cache": kind}
+                rows.append(row)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                try:
+                    if size > batch:
+                        state["cache"].batch_repeat_interleave(size // batch)
+                        if kind == "full":  # the model's own cache does not tell the runtime
+                            runtime_of(model).select_sequences(torch.arange(batch).repeat_interleave(size // batch))
+                        state["token"] = state["token"].repeat_interleave(size // batch, dim=0)
+                        batch = size
+                    logits = step().logits.float()
+                    if first_logits is None:
+                        first_logits = logits
+                    row.update(cache_bytes=cache_bytes(state["cache"]), decode_step_s=timed(step, device, args.steps,
+                                                                                           warmup=1))
+                except torch.OutOfMemoryError:
+                    row["out_of_memory"] = True
+                    print(row, flush=True)
+                    break
+                if device.type == "cuda":
+                    row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+                print(row, flush=True)
+    except torch.OutOfMemoryError:
+        rows.append({"length": length, "batch": 1, "cache": kind, "out_of_memory": True, "during": "prefill"})
+        print(rows[-1], flush=True)
+    finally:
+        state.clear()
+        if is_attached(model):
+            detach(model)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, first_logits
+
+
 def run(args) -> dict:
     device = torch.device(args.device)
     model = build_model(args, device, max(args.lengths))
-    routing = forced_routing(args.layers, args.kv_heads, args.msr, args.seed)
-    config = elastic_config(args)
     rows = []
     for length in args.lengths:
-        for batch in args.batch:
-            generator = torch.Generator(device).manual_seed(length + batch)
-            prompt = torch.randint(0, args.vocab, (batch, length), device=device, generator=generator)
-            next_logits = {}
-            for kind in ("bounded", "full"):
-                attach(model, config, backend=args.backend, cache=kind)
-                force_routing(model, routing)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                    torch.cuda.reset_peak_memory_stats(device)
-                with torch.inference_mode():
-                    output = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
-                    cache = output.past_key_values
-                    token = output.logits[:, -1:].argmax(-1)
-                    state = {"cache": cache, "length": length}
-
-                    def step():
-                        state["length"] += 1
-                        mask = torch.ones(batch, state["length"], dtype=torch.long, device=device)
-                        return model(input_ids=token, attention_mask=mask, past_key_values=state["cache"],
-                                     use_cache=True, logits_to_keep=1)
-
-                    next_logits[kind] = step().logits.float()
-                    seconds = timed(step, device, args.steps, warmup=1)
-                row = {"length": length, "batch": batch, "cache": kind, "cache_bytes": cache_bytes(cache),
-                       "decode_step_s": seconds}
-                if device.type == "cuda":
-                    row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-                rows.append(row)
-                print(row, flush=True)
-                del cache, output, state
-                detach(model)
-            difference = float((next_logits["bounded"] - next_logits["full"]).abs().max())
+        generator = torch.Generator(device).manual_seed(length)
+        prompt = torch.randint(0, args.vocab, (1, length), device=device, generator=generator)
+        by_kind, logits = {}, {}
+        for kind in args.caches:
+            by_kind[kind], logits[kind] = measure_kind(model, kind, prompt, args, device)
+            rows += by_kind[kind]
+        if logits.get("bounded") is not None and logits.get("full") is not None:
+            difference = float((logits["bounded"] - logits["full"]).abs().max())
             if difference > args.tolerance:
                 raise SystemExit(f"bounded and full caches disagree by {difference} at length {length}")
-            full, bounded = rows[-1], rows[-2]
-            bounded.update(bytes_vs_full=bounded["cache_bytes"] / full["cache_bytes"],
-                           speedup_vs_full=full["decode_step_s"] / bounded["decode_step_s"],
-                           max_logit_difference=difference)
+            by_kind["bounded"][0]["max_logit_difference"] = difference
+        for position, bounded in enumerate(by_kind.get("bounded", [])):
+            for kind in ("full", "dense"):
+                other = by_kind.get(kind, [])
+                if position < len(other) and "decode_step_s" in bounded and "decode_step_s" in other[position]:
+                    bounded[f"bytes_vs_{kind}"] = bounded["cache_bytes"] / other[position]["cache_bytes"]
+                    bounded[f"speedup_vs_{kind}"] = other[position]["decode_step_s"] / bounded["decode_step_s"]
     return {
         **run_header(device),
         "model": model_fields(args),
         "elastic": {"backend": args.backend, "msr": args.msr, "block_size": args.block_size, "sink": args.sink,
                     "local": args.local},
-        "baseline": "the same model and routing with the model's own (full) cache, same process",
+        "baselines": {"full": "the same model and routing with the model's own full cache, same process",
+                      "dense": "the model without elastic attention, its own cache and attention, same process"},
         "rows": rows,
     }
 
@@ -94,7 +150,9 @@ def run(args) -> dict:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("32k,128k"))
-    parser.add_argument("--batch", type=lambda t: [int(b) for b in t.split(",")], default=[1, 8])
+    parser.add_argument("--batch", type=batch_sizes, default=[1, 8])
+    parser.add_argument("--caches", type=lambda t: t.split(","), default=list(CACHE_KINDS),
+                        help=f"cache kinds to measure, from {','.join(CACHE_KINDS)}")
     parser.add_argument("--backend", default="auto", help="prefill backend")
     parser.add_argument("--msr", type=float, default=0.7)
     add_model_arguments(parser)

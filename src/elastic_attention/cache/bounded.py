@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from elastic_attention.backends.tokens import token_attention
@@ -148,12 +149,17 @@ class ElasticCacheLayer(CacheLayerMixin):
         num_kv = self.sequences[0].full_heads.numel() + self.sequences[0].ring_heads.numel()
         group = query.shape[1] // num_kv
         rule = dict(sink_tokens=config.sink_tokens, local_tokens=config.local_tokens, scale=scale)
-        for store, staged, (row, _, length, first_row, count) in zip(self.sequences, self._staged, layout.spans()):
+        spans = zip(self.sequences, self._staged, layout.spans())
+        for index, (store, staged, (row, _, length, first_row, count)) in enumerate(spans):
             if count == 0:
                 continue
             queries = query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
-            query_positions = torch.arange(length - count, length, device=query.device)
             result = output[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
+            if count == 1:
+                self._attend_one(store, staged, queries, result, scale)
+                self._staged[index] = None
+                continue
+            query_positions = torch.arange(length - count, length, device=query.device)
             if store.full_heads.numel():
                 heads = store.full_heads
                 result[heads] = token_attention(
@@ -171,23 +177,49 @@ class ElasticCacheLayer(CacheLayerMixin):
         self.commit()
         return output
 
+    def _attend_one(self, store: SequenceStore, staged, queries: torch.Tensor, result: torch.Tensor,
+                    scale: float) -> None:
+        """A single new query (a decode step) of one sequence: every kept entry is visible, so no mask is needed.
+
+        A full-store head sees all its entries. A ring head sees its sink and the last ``local_tokens`` positions,
+        which is the whole ring once the step's entry is written, since that entry takes the slot of position
+        ``p - local_tokens``, the one that just left the window; empty slots (a ring not yet filled) are masked.
+
+        Args:
+            queries, result: [Hkv, g, 1, D] views of the step's queries and of the output rows.
+        """
+        if store.full_heads.numel():
+            heads = store.full_heads
+            result[heads] = _attend_all(queries[heads], store.full_keys[:, : store.length],
+                                        store.full_values[:, : store.length], scale)
+        if store.ring_heads.numel():
+            self._write_ring(store, *staged)
+            heads = store.ring_heads
+            config = self.cache.runtime.config
+            filled = None if store.length >= config.sink_tokens + config.local_tokens else store.ring_positions >= 0
+            result[heads] = _attend_all(queries[heads], store.ring_keys, store.ring_values, scale, filled)
+
     def commit(self) -> None:
         """Write the staged entries of the streaming heads into their rings (sink slots and the window)."""
-        if not self._staged:
+        for store, staged in zip(self.sequences, self._staged):
+            if staged is not None:
+                self._write_ring(store, *staged)
+        self._staged = []
+
+    def _write_ring(self, store: SequenceStore, keys: torch.Tensor, values: torch.Tensor,
+                    positions: torch.Tensor) -> None:
+        """Write entries at ``positions`` ([n], ascending) into a sequence's ring; writing one twice is harmless."""
+        if not store.ring_heads.numel() or not positions.numel():
             return
         config = self.cache.runtime.config
         sink, local = config.sink_tokens, config.local_tokens
-        for store, (keys, values, positions) in zip(self.sequences, self._staged):
-            if not store.ring_heads.numel() or not positions.numel():
-                continue
-            last = int(positions[-1])
-            keep = (positions < sink) | (positions > last - local)
-            positions, keys, values = positions[keep], keys[:, keep], values[:, keep]
-            slots = torch.where(positions < sink, positions, sink + (positions - sink) % local)
-            store.ring_keys[:, slots] = keys
-            store.ring_values[:, slots] = values
-            store.ring_positions[slots] = positions
-        self._staged = []
+        last = int(positions[-1])
+        keep = (positions < sink) | (positions > last - local)
+        positions, keys, values = positions[keep], keys[:, keep], values[:, keep]
+        slots = torch.where(positions < sink, positions, sink + (positions - sink) % local)
+        store.ring_keys[:, slots] = keys
+        store.ring_values[:, slots] = values
+        store.ring_positions[slots] = positions
 
     def nbytes(self) -> int:
         return sum(store.nbytes() for store in self.sequences)
@@ -229,6 +261,14 @@ class ElasticCacheLayer(CacheLayerMixin):
         store.full_values[:, store.length : needed] = values
 
 
+def _attend_all(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
+                visible: torch.Tensor | None = None) -> torch.Tensor:
+    """Grouped queries [H, g, q, D] over all keys [H, S, D] (or those ``visible`` [S]) with torch's fused SDPA."""
+    mask = None if visible is None else visible[None, None, None, :]
+    return F.scaled_dot_product_attention(query, keys[:, None], values[:, None], attn_mask=mask, scale=scale,
+                                          enable_gqa=True)
+
+
 class ElasticCache(Cache):
     """The bounded KV cache of a model with elastic attention attached (one `ElasticCacheLayer` per layer).
 
@@ -251,6 +291,19 @@ class ElasticCache(Cache):
         self.runtime = runtime
         self.max_length = max_length
         super().__init__(layers=[ElasticCacheLayer(self, index) for index in range(runtime.num_layers)])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self.runtime.select_sequences(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self.runtime.select_sequences(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        sequences = len(self.layers[0].sequences)
+        super().batch_repeat_interleave(repeats)
+        self.runtime.select_sequences(torch.arange(sequences).repeat_interleave(repeats))
 
     def nbytes(self) -> int:
         """Bytes held by the stored keys, values and ring positions, all layers."""

@@ -151,6 +151,12 @@ class ElasticRuntime:
         kwargs[names[0]] = self.cache
         return True
 
+    def select_sequences(self, index: torch.Tensor) -> None:
+        """Keep the routing of the sequences at ``index`` ([N'] int64, repeats allowed), in that order: what a cache
+        that was reordered (beam search), repeated or trimmed along the batch needs for its later decode steps."""
+        self.decisions = {layer: z.index_select(0, index.to(z.device)) for layer, z in self.decisions.items()}
+        self.pairs = {layer: p.index_select(0, index.to(p.device)) for layer, p in self.pairs.items()}
+
     def streaming_heads(self, layer_index: int, sequence: int, num_kv_heads: int) -> torch.Tensor:
         """[Hkv] bool: the KV heads of ``sequence`` that run SSA in ``layer_index`` (and so keep a bounded cache)."""
         z = self.decisions.get(layer_index)

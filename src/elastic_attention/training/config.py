@@ -65,6 +65,8 @@ class TrainConfig:
         distributed: ``"none"``, ``"ddp"`` (replicated backbone) or ``"fsdp"`` (FSDP2-sharded backbone).
         gradient_checkpointing: recompute each decoder layer in the backward pass (less memory, about one more
             forward of time); for long packs.
+        fsdp_reshard_after_forward: with ``distributed: fsdp``, free each layer's gathered weights after its
+            forward (least memory) or keep them for the backward (one all-gather per layer and step fewer).
     """
 
     model: str = ""
@@ -87,6 +89,7 @@ class TrainConfig:
     device: str = "auto"
     distributed: str = "none"
     gradient_checkpointing: bool = False
+    fsdp_reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -28,16 +28,19 @@ def training_device(name: str, rank: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-def shard_backbone(model) -> None:
-    """FSDP2: shard every decoder layer (routers included) and the root over the process group."""
+def shard_backbone(model, reshard_after_forward: bool = True) -> None:
+    """FSDP2: shard every decoder layer (routers included) and the root over the process group.
+
+    ``reshard_after_forward=False`` keeps each layer's gathered weights from its forward to its backward.
+    """
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:
         from torch.distributed._composable.fsdp import fully_shard
 
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, reshard_after_forward=reshard_after_forward)
 
 
 def is_sharded(parameter: torch.Tensor) -> bool:

@@ -73,7 +73,7 @@ class RouterTrainer:
         if config.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         if config.distributed == "fsdp":
-            shard_backbone(model)
+            shard_backbone(model, config.fsdp_reshard_after_forward)
         self.model = model.train()
         self.runtime = runtime_of(model)
         self.objective = SparsityObjective(config.targets, config.linear_term, config.bounds).to(self.device)
