@@ -31,12 +31,15 @@ if [ "${1:-}" = scaling ]; then
 else
   [ -d /tmp/fa4site ] || bash .fa4b/install.sh
   export CUDA_VISIBLE_DEVICES=0
-  timeout 330 python3 -m elastic_attention.cli bench decode --lengths 32k,128k --batch 1,8 --backend fa4 --steps 10 \
+  timeout 300 python3 -m elastic_attention.cli bench decode --lengths 32k,128k --batch 1,8 --backend fa4 --steps 10 \
     --out $R/decode_8b.json > $R/decode.log 2>&1
   echo "decode rc $? at $(( $(date +%s) - start )) s"
-  timeout $(( 560 - ($(date +%s) - start) )) python3 -m elastic_attention.cli bench decode --lengths 256k --batch 1 \
+  timeout $(( 500 - ($(date +%s) - start) )) python3 -m elastic_attention.cli bench decode --lengths 256k --batch 1 \
     --backend fa4 --steps 5 --out $R/decode_8b_256k.json > $R/decode_256k.log 2>&1
   echo "decode 256k rc $? at $(( $(date +%s) - start )) s"
+  timeout $(( 580 - ($(date +%s) - start) )) python3 scripts/profile_decode.py --layers 8 --length 8192 --vocab 32000 \
+    --caches bounded,dense > $R/profile.log 2>&1
+  echo "profile rc $? at $(( $(date +%s) - start )) s"
   tar -C /tmp -czf $OUT/decode.tgz third
 fi
 ls -la $R

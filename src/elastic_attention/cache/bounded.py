@@ -19,10 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from elastic_attention.backends.tokens import token_attention
+from elastic_attention.backends.tokens import attend_single_query, token_attention
 from elastic_attention.errors import InputError
 
 
@@ -49,6 +48,17 @@ class SequenceStore:
                                                            self.ring_values, self.ring_positions))
 
 
+@dataclass
+class StagedEntries:
+    """A step's new entries for one sequence's ring heads: keys/values [P, n, D] at positions ``first .. first+n-1``
+    (also as the device tensor ``positions`` [n])."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: torch.Tensor
+    first: int
+
+
 class ElasticCacheLayer(CacheLayerMixin):
     """The bounded cache of one decoder layer."""
 
@@ -61,7 +71,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         self.cache, self.layer_index = cache, layer_index
         self.sequences: list[SequenceStore] = []
         self.physical_length = 0
-        self._staged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._staged: list[StagedEntries | None] = []
 
     # -- the Hugging Face layer interface ------------------------------------------------------------------------
 
@@ -95,7 +105,8 @@ class ElasticCacheLayer(CacheLayerMixin):
             new_values = value_states[row, :, first_row : first_row + count]
             self._append_full(store, new_keys[store.full_heads], new_values[store.full_heads])
             positions = torch.arange(store.length, store.length + count, device=key_states.device)
-            self._staged.append((new_keys[store.ring_heads], new_values[store.ring_heads], positions))
+            self._staged.append(StagedEntries(new_keys[store.ring_heads], new_values[store.ring_heads], positions,
+                                              store.length))
             store.length += count
         self.physical_length += key_states.shape[2]
         return key_states, value_states
@@ -168,7 +179,7 @@ class ElasticCacheLayer(CacheLayerMixin):
                 )
             if store.ring_heads.numel():
                 heads = store.ring_heads
-                new_keys, new_values, new_positions = staged
+                new_keys, new_values, new_positions = staged.keys, staged.values, staged.positions
                 result[heads] = token_attention(
                     queries[heads], torch.cat([store.ring_keys, new_keys], dim=1),
                     torch.cat([store.ring_values, new_values], dim=1), query_positions,
@@ -190,35 +201,47 @@ class ElasticCacheLayer(CacheLayerMixin):
         """
         if store.full_heads.numel():
             heads = store.full_heads
-            result[heads] = _attend_all(queries[heads], store.full_keys[:, : store.length],
-                                        store.full_values[:, : store.length], scale)
+            result[heads] = attend_single_query(queries[heads], store.full_keys[:, : store.length],
+                                                store.full_values[:, : store.length], scale)
         if store.ring_heads.numel():
-            self._write_ring(store, *staged)
+            self._write_ring(store, staged)
             heads = store.ring_heads
             config = self.cache.runtime.config
             filled = None if store.length >= config.sink_tokens + config.local_tokens else store.ring_positions >= 0
-            result[heads] = _attend_all(queries[heads], store.ring_keys, store.ring_values, scale, filled)
+            result[heads] = attend_single_query(queries[heads], store.ring_keys, store.ring_values, scale, filled)
 
     def commit(self) -> None:
         """Write the staged entries of the streaming heads into their rings (sink slots and the window)."""
         for store, staged in zip(self.sequences, self._staged):
             if staged is not None:
-                self._write_ring(store, *staged)
+                self._write_ring(store, staged)
         self._staged = []
 
-    def _write_ring(self, store: SequenceStore, keys: torch.Tensor, values: torch.Tensor,
-                    positions: torch.Tensor) -> None:
-        """Write entries at ``positions`` ([n], ascending) into a sequence's ring; writing one twice is harmless."""
-        if not store.ring_heads.numel() or not positions.numel():
+    def _write_ring(self, store: SequenceStore, staged: StagedEntries) -> None:
+        """Write a step's entries into a sequence's ring: those in the sink and the last ``local_tokens``.
+
+        Slots are computed from host integers, so no step waits for the GPU.
+        """
+        count = staged.keys.shape[1]
+        if not store.ring_heads.numel() or count == 0:
             return
         config = self.cache.runtime.config
         sink, local = config.sink_tokens, config.local_tokens
-        last = int(positions[-1])
-        keep = (positions < sink) | (positions > last - local)
-        positions, keys, values = positions[keep], keys[:, keep], values[:, keep]
+        first = staged.first
+        if count == 1:
+            slot = first if first < sink else sink + (first - sink) % local
+            store.ring_keys[:, slot] = staged.keys[:, 0]
+            store.ring_values[:, slot] = staged.values[:, 0]
+            store.ring_positions[slot] = first
+            return
+        sink_end = min(count, max(0, sink - first))  # entries [0, sink_end) fall in the sink
+        window_start = max(sink_end, count - local)  # entries [window_start, count) fall in the window
+        device = staged.keys.device
+        index = torch.cat([torch.arange(sink_end, device=device), torch.arange(window_start, count, device=device)])
+        positions = index + first
         slots = torch.where(positions < sink, positions, sink + (positions - sink) % local)
-        store.ring_keys[:, slots] = keys
-        store.ring_values[:, slots] = values
+        store.ring_keys[:, slots] = staged.keys[:, index]
+        store.ring_values[:, slots] = staged.values[:, index]
         store.ring_positions[slots] = positions
 
     def nbytes(self) -> int:
@@ -259,14 +282,6 @@ class ElasticCacheLayer(CacheLayerMixin):
                 setattr(store, name, grown)
         store.full_keys[:, store.length : needed] = keys
         store.full_values[:, store.length : needed] = values
-
-
-def _attend_all(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
-                visible: torch.Tensor | None = None) -> torch.Tensor:
-    """Grouped queries [H, g, q, D] over all keys [H, S, D] (or those ``visible`` [S]) with torch's fused SDPA."""
-    mask = None if visible is None else visible[None, None, None, :]
-    return F.scaled_dot_product_attention(query, keys[:, None], values[:, None], attn_mask=mask, scale=scale,
-                                          enable_gqa=True)
 
 
 class ElasticCache(Cache):
