@@ -5,8 +5,9 @@
 #      idle, then FSDP2 on two GPUs (reshard after forward on, then off), then DDP; routers compared.
 #   2. carry .fa4a:                      bash .fa4a/stage.sh
 #   3. carry .fa4b:                      OUT=$OUT bash scripts/device_decode.sh decode
-#      Issue 6: `bench decode` on GPU 0 (8B shape, MSR 0.7; bounded vs full vs dense caches; 32K/128K at batch 1
-#      and 8, 256K at batch 1), prefill with fa4.
+#      Issue 6: a profile of decode steps at 128K (8 layers of the 8B shape), then `bench decode` on GPU 0 (8B
+#      shape, MSR 0.7; bounded vs full vs dense caches; 32K/128K at batch 1 and 8), prefill with fa4.
+#      (An earlier run of this call also ran `bench decode --lengths 256k --batch 1 --steps 5`.)
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 start=$(date +%s)
@@ -31,15 +32,12 @@ if [ "${1:-}" = scaling ]; then
 else
   [ -d /tmp/fa4site ] || bash .fa4b/install.sh
   export CUDA_VISIBLE_DEVICES=0
-  timeout 300 python3 -m elastic_attention.cli bench decode --lengths 32k,128k --batch 1,8 --backend fa4 --steps 10 \
-    --out $R/decode_8b.json > $R/decode.log 2>&1
-  echo "decode rc $? at $(( $(date +%s) - start )) s"
-  timeout $(( 500 - ($(date +%s) - start) )) python3 -m elastic_attention.cli bench decode --lengths 256k --batch 1 \
-    --backend fa4 --steps 5 --out $R/decode_8b_256k.json > $R/decode_256k.log 2>&1
-  echo "decode 256k rc $? at $(( $(date +%s) - start )) s"
-  timeout $(( 580 - ($(date +%s) - start) )) python3 scripts/profile_decode.py --layers 8 --length 8192 --vocab 32000 \
-    --caches bounded,dense > $R/profile.log 2>&1
+  timeout 150 python3 scripts/profile_decode.py --layers 8 --length 131072 --vocab 32000 --backend fa4 \
+    --caches bounded,dense > $R/profile_128k.log 2>&1
   echo "profile rc $? at $(( $(date +%s) - start )) s"
+  timeout $(( 420 - ($(date +%s) - start) )) python3 -m elastic_attention.cli bench decode --lengths 32k,128k \
+    --batch 1,8 --backend fa4 --steps 20 --out $R/decode_8b.json > $R/decode.log 2>&1
+  echo "decode rc $? at $(( $(date +%s) - start )) s"
   tar -C /tmp -czf $OUT/decode.tgz third
 fi
 ls -la $R

@@ -232,7 +232,7 @@ class ElasticCacheLayer(CacheLayerMixin):
             slot = first if first < sink else sink + (first - sink) % local
             store.ring_keys[:, slot] = staged.keys[:, 0]
             store.ring_values[:, slot] = staged.values[:, 0]
-            store.ring_positions[slot] = first
+            store.ring_positions[slot : slot + 1].fill_(first)  # a kernel, not a host-to-device copy
             return
         sink_end = min(count, max(0, sink - first))  # entries [0, sink_end) fall in the sink
         window_start = max(sink_end, count - local)  # entries [window_start, count) fall in the window
