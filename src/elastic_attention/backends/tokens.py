@@ -21,12 +21,18 @@ _MAX_SCORES_PER_CHUNK = 1 << 25
 _SINGLE_QUERY_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def single_query_kernels():
+    """A context in which torch's SDPA picks among the kernels suited to single queries (enter it once per layer:
+    entering costs tens of microseconds of host time)."""
+    return sdpa_kernel(_SINGLE_QUERY_BACKENDS)
+
+
 def attend_single_query(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
                         visible: torch.Tensor | None = None) -> torch.Tensor:
     """One query per head of grouped heads over keys every head of a group may see, with torch's fused SDPA.
 
     The g query heads of a KV head become g query rows of one head (they share keys and visibility), so no GQA
-    support is needed from the kernel.
+    support is needed from the kernel. Call it inside `single_query_kernels`.
 
     Args:
         query: [H, g, 1, D].
@@ -39,9 +45,8 @@ def attend_single_query(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     mask = None
     if visible is not None:
         mask = (visible if visible.ndim == 2 else visible[None]).unsqueeze(1).unsqueeze(1)  # [H or 1, 1, 1, S]
-    with sdpa_kernel(_SINGLE_QUERY_BACKENDS):
-        attended = F.scaled_dot_product_attention(query.transpose(1, 2), key[:, None], value[:, None],
-                                                  attn_mask=mask, scale=scale)
+    attended = F.scaled_dot_product_attention(query.transpose(1, 2), key[:, None], value[:, None], attn_mask=mask,
+                                              scale=scale)
     return attended.transpose(1, 2)
 
 
@@ -75,7 +80,8 @@ def token_attention(
     heads, group, num_queries, _ = query.shape
     if num_queries == 1 and query.dtype in (torch.float16, torch.bfloat16):
         allowed = token_rule_mask(query_positions, key_positions, streaming, sink_tokens, local_tokens)[:, 0]
-        attended = attend_single_query(query, key, value, scale, allowed)
+        with single_query_kernels():
+            attended = attend_single_query(query, key, value, scale, allowed)
         return attended.nan_to_num(0.0) * allowed.any(dim=-1)[:, None, None, None]
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32
     keys, values = key.to(compute), value.to(compute)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from elastic_attention.backends.tokens import attend_single_query, token_attention
+from elastic_attention.backends.tokens import attend_single_query, single_query_kernels, token_attention
 from elastic_attention.errors import InputError
 
 
@@ -50,12 +50,10 @@ class SequenceStore:
 
 @dataclass
 class StagedEntries:
-    """A step's new entries for one sequence's ring heads: keys/values [P, n, D] at positions ``first .. first+n-1``
-    (also as the device tensor ``positions`` [n])."""
+    """A step's new entries for one sequence's ring heads: keys/values [P, n, D] at positions ``first .. first+n-1``."""
 
     keys: torch.Tensor
     values: torch.Tensor
-    positions: torch.Tensor
     first: int
 
 
@@ -104,9 +102,7 @@ class ElasticCacheLayer(CacheLayerMixin):
             new_keys = key_states[row, :, first_row : first_row + count]
             new_values = value_states[row, :, first_row : first_row + count]
             self._append_full(store, new_keys[store.full_heads], new_values[store.full_heads])
-            positions = torch.arange(store.length, store.length + count, device=key_states.device)
-            self._staged.append(StagedEntries(new_keys[store.ring_heads], new_values[store.ring_heads], positions,
-                                              store.length))
+            self._staged.append(StagedEntries(new_keys[store.ring_heads], new_values[store.ring_heads], store.length))
             store.length += count
         self.physical_length += key_states.shape[2]
         return key_states, value_states
@@ -154,39 +150,50 @@ class ElasticCacheLayer(CacheLayerMixin):
         Returns:
             [B, Hq, S_new, D]; rows that belong to no sequence are zero.
         """
-        config = self.cache.runtime.config
         layout = self.cache.runtime.layout
         output = torch.zeros_like(query)
         num_kv = self.sequences[0].full_heads.numel() + self.sequences[0].ring_heads.numel()
         group = query.shape[1] // num_kv
-        rule = dict(sink_tokens=config.sink_tokens, local_tokens=config.local_tokens, scale=scale)
-        spans = zip(self.sequences, self._staged, layout.spans())
-        for index, (store, staged, (row, _, length, first_row, count)) in enumerate(spans):
-            if count == 0:
-                continue
-            queries = query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
-            result = output[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
-            if count == 1:
-                self._attend_one(store, staged, queries, result, scale)
-                self._staged[index] = None
-                continue
-            query_positions = torch.arange(length - count, length, device=query.device)
-            if store.full_heads.numel():
-                heads = store.full_heads
-                result[heads] = token_attention(
-                    queries[heads], store.full_keys[:, :length], store.full_values[:, :length], query_positions,
-                    torch.arange(length, device=query.device), torch.zeros_like(heads, dtype=torch.bool), **rule,
-                )
-            if store.ring_heads.numel():
-                heads = store.ring_heads
-                new_keys, new_values, new_positions = staged.keys, staged.values, staged.positions
-                result[heads] = token_attention(
-                    queries[heads], torch.cat([store.ring_keys, new_keys], dim=1),
-                    torch.cat([store.ring_values, new_values], dim=1), query_positions,
-                    torch.cat([store.ring_positions, new_positions]), torch.ones_like(heads, dtype=torch.bool), **rule,
-                )
+        with single_query_kernels():  # entered once per layer: entering costs tens of microseconds
+            spans = zip(self.sequences, self._staged, layout.spans())
+            for index, (store, staged, (row, _, length, first_row, count)) in enumerate(spans):
+                if count == 0:
+                    continue
+                queries = query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
+                result = output[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
+                if count == 1:
+                    self._attend_one(store, staged, queries, result, scale)
+                    self._staged[index] = None
+                else:
+                    self._attend_many(store, staged, queries, result, scale)
         self.commit()
         return output
+
+    def _attend_many(self, store: SequenceStore, staged: StagedEntries, queries: torch.Tensor, result: torch.Tensor,
+                     scale: float) -> None:
+        """Several new queries of one sequence (a prefill chunk) under the token rule, before the ring is written.
+
+        Args:
+            queries, result: [Hkv, g, n, D] views of the step's queries and of the output rows.
+        """
+        config = self.cache.runtime.config
+        rule = dict(sink_tokens=config.sink_tokens, local_tokens=config.local_tokens, scale=scale)
+        length, count = store.length, queries.shape[2]
+        device = queries.device
+        query_positions = torch.arange(length - count, length, device=device)
+        if store.full_heads.numel():
+            heads = store.full_heads
+            result[heads] = token_attention(
+                queries[heads], store.full_keys[:, :length], store.full_values[:, :length], query_positions,
+                torch.arange(length, device=device), torch.zeros_like(heads, dtype=torch.bool), **rule,
+            )
+        if store.ring_heads.numel():
+            heads = store.ring_heads
+            result[heads] = token_attention(
+                queries[heads], torch.cat([store.ring_keys, staged.keys], dim=1),
+                torch.cat([store.ring_values, staged.values], dim=1), query_positions,
+                torch.cat([store.ring_positions, query_positions]), torch.ones_like(heads, dtype=torch.bool), **rule,
+            )
 
     def _attend_one(self, store: SequenceStore, staged, queries: torch.Tensor, result: torch.Tensor,
                     scale: float) -> None:
