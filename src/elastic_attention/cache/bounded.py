@@ -10,8 +10,9 @@ Storage is per sequence (one sequence per batch row), so every sample keeps its 
   each slot ([sink + local], -1 when empty). Position p < sink goes to slot p; later positions to slot
   sink + (p - sink) mod local.
 
-A step's new entries are staged by `update` and written to the ring after the step's attention (`commit`): a chunk
-longer than the window still sees its own earlier tokens. Full-store heads are appended at once.
+A step's new entries are staged by `update`. A chunk of several tokens writes them to the ring after its attention
+(`commit`), so a chunk longer than the window still sees its own earlier tokens; a single-token step writes first and
+then attends the whole ring, whose slots then hold exactly its visible window. Full-store heads are appended at once.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ class ElasticCacheLayer(CacheLayerMixin):
                 torch.cat([store.ring_positions, query_positions]), torch.ones_like(heads, dtype=torch.bool), **rule,
             )
 
-    def _attend_one(self, store: SequenceStore, staged, queries: torch.Tensor, result: torch.Tensor,
+    def _attend_one(self, store: SequenceStore, staged: StagedEntries, queries: torch.Tensor, result: torch.Tensor,
                     scale: float) -> None:
         """A single new query (a decode step) of one sequence: every kept entry is visible, so no mask is needed.
 
