@@ -1,0 +1,46 @@
+"""The bounded KV cache's decode path on a GPU against a float64 CPU run of the same model (device: pytest -m gpu)."""
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from elastic_attention import ElasticConfig, attach, force_routing
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
+#: Layer 0: KV head 0 on full attention, head 1 on SSA; layer 1: both on SSA.
+ROUTING = torch.tensor([[True, False], [False, False]])
+
+
+def teacher_forced_logits(device, dtype, cache, steps=24):
+    """Next-token logits [steps + 1, batch, vocab] (float64) of a left-padded batch of 2 fed fixed tokens."""
+    model = tiny_model("qwen3").to(device=device, dtype=dtype)
+    attach(model, CONFIG, backend="reference", cache=cache)
+    force_routing(model, ROUTING)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 90, (2, 40), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    continuation = torch.randint(3, 90, (2, steps), generator=generator)
+    ids, mask, continuation = ids.to(device), mask.to(device), continuation.to(device)
+    logits = []
+    with torch.no_grad():
+        output = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        past = output.past_key_values
+        logits.append(output.logits[:, -1])
+        for step in range(steps):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            output = model(input_ids=continuation[:, step : step + 1], attention_mask=mask, past_key_values=past,
+                           use_cache=True)
+            logits.append(output.logits[:, -1])
+    return torch.stack(logits).double().cpu()
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_bounded_decode_on_the_gpu_matches_float64(dtype, tolerance):
+    expected = teacher_forced_logits("cpu", torch.float64, "full")
+    for cache in ("bounded", "full"):
+        actual = teacher_forced_logits("cuda", dtype, cache)
+        scale = float(expected.abs().max())
+        assert float((actual - expected).abs().max()) <= tolerance * scale, cache
