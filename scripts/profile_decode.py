@@ -14,11 +14,10 @@ import time
 import warnings
 
 import torch
-from torch.nn.attention import sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from elastic_attention import attach, detach, force_routing
-from elastic_attention.bench.decode import NO_CUDNN
+from elastic_attention.backends.tokens import single_query_kernels
 from elastic_attention.bench.model import add_model_arguments, build_model, elastic_config, forced_routing
 from elastic_attention.integration.attach import is_attached
 
@@ -38,7 +37,7 @@ def main() -> None:
         if kind != "dense":
             attach(model, elastic_config(args), backend=args.backend, cache=kind)
             force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
-        with torch.inference_mode(), sdpa_kernel(NO_CUDNN):
+        with torch.inference_mode(), single_query_kernels():
             output = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
             cache, token, length = output.past_key_values, output.logits[:, -1:].argmax(-1), args.length
 

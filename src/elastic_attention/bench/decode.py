@@ -25,9 +25,9 @@ import argparse
 from pathlib import Path
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from elastic_attention import ElasticCache, attach, detach, force_routing
+from elastic_attention.backends.tokens import single_query_kernels
 from elastic_attention.integration.attach import is_attached, runtime_of
 from elastic_attention.bench.model import (
     add_model_arguments,
@@ -39,7 +39,6 @@ from elastic_attention.bench.model import (
 from elastic_attention.bench.timing import parse_tokens, run_header, timed, write_result
 
 CACHE_KINDS = ("bounded", "full", "dense")
-NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def cache_bytes(cache) -> int:
@@ -98,7 +97,7 @@ def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.dev
                     if first_logits is None:
                         first_logits = logits
                     row["cache_bytes"] = cache_bytes(state["cache"])
-                    with sdpa_kernel(NO_CUDNN):
+                    with single_query_kernels():
                         row["decode_step_s"] = timed(step, device, args.steps, warmup=1)
                     if kind == "dense":  # also as the model runs by default (torch may pick cuDNN)
                         row["decode_step_s_default_sdpa"] = timed(step, device, args.steps, warmup=1)
