@@ -174,6 +174,7 @@ class BlockTableBuilder:
         query: torch.Tensor | None = None,
         key: torch.Tensor | None = None,
         scale: float | None = None,
+        may_use_xa: bool = True,
     ) -> tuple[BlockTables, torch.Tensor]:
         """Block tables of one routed layer, and the causal (query, key) pairs each head attends.
 
@@ -184,6 +185,8 @@ class BlockTableBuilder:
             query: [B, Hq, S_q, D] query states; needed only when some head is on XA at prefill.
             key: [B, Hkv, S_kv, D] key states; same condition.
             scale: attention scale for the XA estimate (default 1/sqrt(D)).
+            may_use_xa: False promises that no head is on XA (a configuration without XA), which saves a
+                device-to-host check per layer; the tables are wrong if the promise is broken.
 
         Returns:
             (tables, pairs [N, Hq] int64). At decode (queries with a cached past) XA heads attend every key: the XA
@@ -199,7 +202,7 @@ class BlockTableBuilder:
             raise InputError(f"query heads ({num_query_heads}) must be a multiple of KV heads ({num_kv_heads})")
         group = num_query_heads // num_kv_heads
         modes = head_modes.repeat_interleave(group, dim=1).to(self._base.kv_block_count.device)
-        if self.layout.is_prefill and bool((modes == XA).any()):
+        if self.layout.is_prefill and may_use_xa and bool((modes == XA).any()):
             tables = self._build_with_xa(modes, group, query, key, scale)
             return tables, attended_pairs(tables, self.layout)
         pattern = (modes == SSA).long()

@@ -25,8 +25,8 @@ def boundary_pool(
     """
     pooled = []
     for row, start, length, _, _ in layout.spans():
-        tokens = keys[row, start : start + length].float()
-        if length > first + last:
+        tokens = keys[row, start : start + length]
+        if length > first + last:  # slice before the float32 copy: only first + last tokens are converted
             tokens = torch.cat([tokens[:first], tokens[length - last :]])
-        pooled.append(tokens.mean(dim=0))
+        pooled.append(tokens.float().mean(dim=0))
     return torch.stack(pooled)
