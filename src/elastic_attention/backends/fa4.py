@@ -55,6 +55,17 @@ class FA4Backend:
         self._tables_type = BlockSparseTensorsTorch
         self._fallback = fallback
         self._fallback_reasons_logged: set[str] = set()
+        self._no_partial_blocks: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _no_partial(self, num_query_blocks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero "partial block" counts and indices (every listed block is attended whole), made once per shape."""
+        key = (num_query_blocks, device)
+        if key not in self._no_partial_blocks:
+            self._no_partial_blocks[key] = (
+                torch.zeros(1, 1, num_query_blocks, dtype=torch.int32, device=device),
+                torch.zeros(1, 1, num_query_blocks, 1, dtype=torch.int32, device=device),
+            )
+        return self._no_partial_blocks[key]
 
     @property
     def fallback(self):
@@ -98,8 +109,7 @@ class FA4Backend:
         num_key_blocks = -(-aligned.key.shape[2] // size)
         counts, index = fit_tables(tables, num_query_blocks, num_key_blocks)
         device = query.device
-        no_partial_count = torch.zeros(1, 1, num_query_blocks, dtype=torch.int32, device=device)
-        no_partial_index = torch.zeros(1, 1, num_query_blocks, 1, dtype=torch.int32, device=device)
+        no_partial_count, no_partial_index = self._no_partial(num_query_blocks, device)
         sparse_tables = self._tables_type(
             mask_block_cnt=no_partial_count,
             mask_block_idx=no_partial_index,
