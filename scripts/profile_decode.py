@@ -1,7 +1,7 @@
 """Profile decode steps of the 8B-shaped random model per cache kind: where the synchronisations and the time go.
 
-Decode runs without torch's cuDNN SDPA, as in `bench decode` (cuDNN plans a graph per key length: 4.5 ms of host
-time per call was measured with this script on an H200, 2026-11-29).
+Prefill and decode run without torch's cuDNN SDPA, decode as in `bench decode` (cuDNN plans a graph per key length:
+4.5 ms of host time per call was measured with this script on an H200, 2026-11-29).
 
   python scripts/profile_decode.py --layers 8 --length 8192 [--caches bounded,full,dense]
 """
