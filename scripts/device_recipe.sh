@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Backbone recipe search (issue 3): six tiny variants and one small run side by side on two H200s (nvidia-h200-x2),
+# Backbone recipe search (issue 3): tiny variants and one small run side by side on two H200s (nvidia-h200-x2),
 # each evaluated by the pretraining script itself (full attention, greedy exact match at its training length).
-#   OUT=out bash scripts/device_recipe.sh          (from the repository root; results under $OUT)
+#   OUT=out bash scripts/device_recipe.sh [SET]    (from the repository root; results under $OUT)
+# SET "search3" (default): the third session's five variants; "echo": needles that echo their key (--dense-echo-rate).
 set -u
+SET=${1:-search3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
 OUT=${OUT:-out}
 W=/tmp/recipe
@@ -11,18 +13,45 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/gpu.txt
 run() {  # run NAME GPU ARGS...
   local name=$1 gpu=$2; shift 2
   CUDA_VISIBLE_DEVICES=$gpu timeout 560 python3 scripts/pretrain_backbone.py --out "$W/$name" --num-workers 4 \
-    --eval-samples 24 "$@" > "$W/$name.log" 2>&1 &
+    --eval-samples 24 "$@" > "$W/$name.log" 2>&1 &  # a later --num-workers wins
 }
-T="--preset tiny --max-len 2048 --max-seconds 420"
-run t_dense 0 $T --suite-start-step 1500
-run t_lr    0 $T --lr 1e-3
-run t_few   0 $T --dense-needle-rate 0.08 --dense-query-rate 0.12
-run t_lm    1 $T --dense-lm-weight 0.1 --dense-repeat-rate 0.03
-run t_warm  1 $T --length-warmup-steps 1500 --warmup-len 512
-run small   1 --preset small --max-len 4096 --max-seconds 440 --suite-start-step 800 --dense-needle-rate 0.1 \
-  --dense-query-rate 0.15
-wait
-for d in "$W"/t_*/; do n=$(basename "$d"); tar -C "$W" -czf "$OUT/$n.tgz" "$n"; done
-tar -C "$W" -cf - small | split -b 15m - "$OUT/small.tar.part-"
-cp "$W"/*.log "$W/gpu.txt" "$OUT/"
+if [ "$SET" = search3 ]; then
+  T="--preset tiny --max-len 2048 --max-seconds 420"
+  run t_dense 0 $T --suite-start-step 1500
+  run t_lr    0 $T --lr 1e-3
+  run t_few   0 $T --dense-needle-rate 0.08 --dense-query-rate 0.12
+  run t_lm    1 $T --dense-lm-weight 0.1 --dense-repeat-rate 0.03
+  run t_warm  1 $T --length-warmup-steps 1500 --warmup-len 512
+  run small   1 --preset small --max-len 4096 --max-seconds 440 --suite-start-step 800 --dense-needle-rate 0.1 \
+    --dense-query-rate 0.15
+  wait
+  for d in "$W"/t_*/; do n=$(basename "$d"); tar -C "$W" -czf "$OUT/$n.tgz" "$n"; done
+  tar -C "$W" -cf - small | split -b 15m - "$OUT/small.tar.part-"
+  cp "$W"/*.log "$W/gpu.txt" "$OUT/"
+elif [ "$SET" = echo ]; then
+  # Many small steps at 256 tokens first (dense needles only), then the mixed lengths with suite rows; two runs per
+  # GPU, 7 data workers each. Only the logs, the summaries, the best tiny run (by sensitive mean, then dense key
+  # matching) and the small run come back (the device returns at most 8 files).
+  T="--preset tiny --max-len 2048 --max-seconds 430 --tokens-per-step 16384 --warmup-len 256 --num-workers 7"
+  run e_echo   0 $T --length-warmup-steps 8000 --suite-start-step 8000 --dense-echo-rate 1.0
+  run e_plain  0 $T --length-warmup-steps 8000 --suite-start-step 8000
+  run e_short  1 $T --length-warmup-steps 3000 --suite-start-step 3000 --dense-echo-rate 1.0
+  run small_e  1 --preset small --max-len 4096 --max-seconds 430 --tokens-per-step 32768 --warmup-len 256 \
+    --length-warmup-steps 4000 --suite-start-step 4000 --dense-echo-rate 1.0 --num-workers 7
+  wait
+  best=$(python3 - "$W" <<'PY'
+import json, pathlib, sys
+runs = []
+for path in pathlib.Path(sys.argv[1]).glob("e_*/train_summary.json"):
+    ev = json.loads(path.read_text())["eval"]
+    runs.append((ev["sensitive_mean"], ev.get("dense_query_accuracy", 0.0), path.parent.name))
+print(max(runs)[2] if runs else "")
+PY
+)
+  [ -n "$best" ] && tar -C "$W" -czf "$OUT/best_tiny_$best.tgz" "$best"
+  tar -C "$W" -cf - small_e | split -b 15m - "$OUT/small_e.tar.part-"
+  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
+else
+  echo "unknown SET $SET (search3 or echo)" >&2; exit 2
+fi
 ls -la "$OUT"

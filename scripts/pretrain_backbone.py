@@ -158,6 +158,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-needle-rate", type=float, default=0.2, help="needles per segment, dense sequences")
     parser.add_argument("--dense-query-rate", type=float, default=0.2, help="queries per segment, dense sequences")
     parser.add_argument("--dense-repeat-rate", type=float, default=0.0, help="rate of random copy spans in dense sequences")
+    parser.add_argument("--dense-echo-rate", type=float, default=0.0, help="share of dense needles that echo their key")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
     parser.add_argument("--qk-norm-init", type=float, default=1.0, help="initial query/key RMSNorm weight")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
@@ -226,6 +227,7 @@ def dense_needle_sequence(
     needle_rate: float = 0.2,
     query_rate: float = 0.2,
     repeat_rate: float = 0.0,
+    echo_rate: float = 0.0,
 ) -> tuple[list[int], list[int]]:
     """Filler with many needles and inline queries; every queried value is supervised.
 
@@ -235,6 +237,11 @@ def dense_needle_sequence(
     span verbatim, supervising its second to last tokens: a dense copy signal that bootstraps the induction circuit
     (find the earlier occurrence of the current token, emit what followed it) that the needle lookup needs.
 
+    With probability ``echo_rate`` a needle is written ``remember k v k .`` and its second ``k`` is supervised:
+    predicting it from the value's position needs a previous-token head that writes the key into the value's
+    residual stream, which is the feature the lookup from ``ask k`` matches against. Without this first-order
+    signal the model sits on the plateau of "some stored value" (accuracy about 1 / number of stored needles).
+
     Args:
         rng: random source.
         length: tokens.
@@ -242,10 +249,11 @@ def dense_needle_sequence(
         needle_rate: probability that the next segment is a needle (else a query or a filler sentence).
         query_rate: probability that the next segment is a query.
         repeat_rate: probability that a filler slot starts a random span, and again that it repeats one.
+        echo_rate: probability that a needle repeats its key after the value (the repeat is supervised).
 
     Returns:
-        ``(input_ids, labels)``, each ``length`` long; labels are ``IGNORE`` except at queried values and repeated
-        span tokens.
+        ``(input_ids, labels)``, each ``length`` long; labels are ``IGNORE`` except at queried values, repeated
+        span tokens and echoed keys.
     """
     keys = list(KEY_TOKENS)
     rng.shuffle(keys)
@@ -258,7 +266,10 @@ def dense_needle_sequence(
         if draw < needle_rate and keys:
             key, value = keys.pop(), rng.choice(VALUE_TOKENS)
             stored.append((key, value))
-            words += [NEEDLE_MARKER, key, value, "."]
+            echo = echo_rate > 0 and rng.fraction() < echo_rate  # no draw at 0: the default stream stays as measured
+            if echo:
+                supervised.append(len(words) + 3)
+            words += [NEEDLE_MARKER, key, value, key, "."] if echo else [NEEDLE_MARKER, key, value, "."]
         elif draw < needle_rate + query_rate and stored:
             key, value = rng.choice(stored)
             supervised.append(len(words) + 2)
@@ -333,7 +344,7 @@ class StepBatches(torch.utils.data.IterableDataset):
             if sequence is None:
                 sequence = dense_needle_sequence(
                     rng, length, self.ids, self.args.dense_needle_rate, self.args.dense_query_rate,
-                    self.args.dense_repeat_rate,
+                    self.args.dense_repeat_rate, self.args.dense_echo_rate,
                 )
             rows.append(sequence[0])
             labels.append(sequence[1])
@@ -544,6 +555,32 @@ def evaluate(model: torch.nn.Module, tokenizer: Any, args: argparse.Namespace, d
     }
 
 
+@torch.inference_mode()
+def dense_query_accuracy(
+    model: torch.nn.Module, ids: dict[str, int], length: int, samples: int, device: torch.device
+) -> float:
+    """Teacher-forced argmax accuracy on the queried values of plain dense needle sequences (no echo, no repeats).
+
+    This is key matching with no marker shortcut: the value after ``ask k`` is predictable only by finding the
+    earlier ``remember k v``. Sequences come from ``EVAL_SEED`` and are evaluated in batches of 8.
+    """
+    model.eval()
+    hits = total = 0
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    for begin in range(0, samples, 8):
+        pairs = [dense_needle_sequence(SampleRandom(_seed("dense-eval", EVAL_SEED, index)), length, ids)
+                 for index in range(begin, min(samples, begin + 8))]
+        input_ids = torch.tensor([pair[0] for pair in pairs], device=device)
+        targets = torch.tensor([pair[1] for pair in pairs], device=device)[:, 1:]
+        with autocast:
+            logits = model(input_ids=input_ids, use_cache=False).logits[:, :-1]
+        mask = targets != IGNORE
+        hits += int((logits.argmax(-1)[mask] == targets[mask]).sum())
+        total += int(mask.sum())
+    model.train()
+    return hits / max(1, total)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------------------
@@ -654,6 +691,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"trained {training['steps']} steps, {training['tokens']:,} tokens in {training['seconds']:.1f} s", flush=True)
     saved = save(model, tokenizer, args.out)  # casts to bf16: the evaluation sees the weights that were saved
     evaluation = evaluate(model, tokenizer, args, device)
+    evaluation["dense_query_accuracy"] = dense_query_accuracy(
+        model, tokenizer.get_vocab(), args.eval_len, max(8, args.eval_samples), device
+    )
+    print(f"eval dense key-matching queries len {args.eval_len}: {evaluation['dense_query_accuracy']:.3f}", flush=True)
     for task, value in evaluation["accuracy"].items():
         print(f"eval {task:18s} len {args.eval_len}: {value:.3f}", flush=True)
     print(f"eval sensitive mean {evaluation['sensitive_mean']:.3f}  robust mean {evaluation['robust_mean']:.3f}  "
