@@ -15,6 +15,20 @@ run() {  # run NAME GPU ARGS...
   CUDA_VISIBLE_DEVICES=$gpu timeout 560 python3 scripts/pretrain_backbone.py --out "$W/$name" --num-workers 4 \
     --eval-samples 24 "$@" > "$W/$name.log" 2>&1 &  # a later --num-workers wins
 }
+collect() {  # the logs, the summaries, the best tiny run (by sensitive mean, then key matching) and the small run
+  best=$(python3 - "$W" <<'PY'
+import json, pathlib, sys
+runs = []
+for path in pathlib.Path(sys.argv[1]).glob("e_*/train_summary.json"):
+    ev = json.loads(path.read_text())["eval"]
+    runs.append((ev["sensitive_mean"], ev.get("dense_query_accuracy", 0.0), path.parent.name))
+print(max(runs)[2] if runs else "")
+PY
+)
+  [ -n "$best" ] && tar -C "$W" -czf "$OUT/best_tiny_$best.tgz" "$best"
+  tar -C "$W" -cf - small_e | split -b 15m - "$OUT/small_e.tar.part-"
+  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
+}
 if [ "$SET" = search3 ]; then
   T="--preset tiny --max-len 2048 --max-seconds 420"
   run t_dense 0 $T --suite-start-step 1500
@@ -39,19 +53,20 @@ elif [ "$SET" = echo ]; then
   run small_e  1 --preset small --max-len 4096 --max-seconds 430 --tokens-per-step 32768 --warmup-len 256 \
     --length-warmup-steps 4000 --suite-start-step 4000 --dense-echo-rate 1.0 --num-workers 7
   wait
-  best=$(python3 - "$W" <<'PY'
-import json, pathlib, sys
-runs = []
-for path in pathlib.Path(sys.argv[1]).glob("e_*/train_summary.json"):
-    ev = json.loads(path.read_text())["eval"]
-    runs.append((ev["sensitive_mean"], ev.get("dense_query_accuracy", 0.0), path.parent.name))
-print(max(runs)[2] if runs else "")
-PY
-)
-  [ -n "$best" ] && tar -C "$W" -czf "$OUT/best_tiny_$best.tgz" "$best"
-  tar -C "$W" -cf - small_e | split -b 15m - "$OUT/small_e.tar.part-"
-  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
+  collect
+elif [ "$SET" = echo2 ]; then
+  # After the echo set: the small backbone learned key matching at 256 tokens (step ~2100, dense accuracy 1.000),
+  # the tiny ones did not. The small run alone on GPU 0 with the length curriculum after its transition; two tiny
+  # variants on GPU 1 with the small run's learning rate and batch, one of them with head_dim 128.
+  run small_e 0 --preset small --max-len 4096 --max-seconds 440 --tokens-per-step 32768 --warmup-len 256 \
+    --length-warmup-steps 3000 --suite-start-step 3000 --dense-echo-rate 1.0 --num-workers 12
+  T="--preset tiny --max-len 2048 --max-seconds 430 --lr 1e-3 --tokens-per-step 32768 --warmup-len 256
+    --length-warmup-steps 3500 --suite-start-step 3500 --dense-echo-rate 1.0 --num-workers 8"
+  run e_lr    1 $T
+  run e_hd128 1 $T --head-dim 128
+  wait
+  collect
 else
-  echo "unknown SET $SET (search3 or echo)" >&2; exit 2
+  echo "unknown SET $SET (search3, echo or echo2)" >&2; exit 2
 fi
 ls -la "$OUT"

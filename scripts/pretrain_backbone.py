@@ -161,6 +161,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-echo-rate", type=float, default=0.0, help="share of dense needles that echo their key")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
     parser.add_argument("--qk-norm-init", type=float, default=1.0, help="initial query/key RMSNorm weight")
+    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+        flag = "--" + field.replace("_", "-")
+        parser.add_argument(flag, type=int, default=None, help=f"override the preset's {field}")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
     parser.add_argument("--min-lr-ratio", type=float, default=0.1)
     parser.add_argument("--warmup-steps", type=int, default=200)
@@ -174,6 +177,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-batch-size", type=int, default=None, help="rows per generate call")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
+
+
+def model_shape(args: argparse.Namespace) -> Preset:
+    """The preset with the shape flags given on the command line (``--num-layers`` ...) in place of its values."""
+    overrides = {
+        field.name: getattr(args, field.name)
+        for field in dataclasses.fields(Preset)
+        if getattr(args, field.name, None) is not None and field.name not in ("max_len", "lr", "max_seconds")
+    }
+    return dataclasses.replace(PRESETS[args.preset], **overrides)
 
 
 def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -679,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    preset = PRESETS[args.preset]
+    preset = model_shape(args)
     tokenizer = build_tokenizer()
     config = build_config(preset, tokenizer, max(args.max_len, args.eval_len))
     model = build_model(config, device, args.qk_norm_init)
@@ -702,7 +715,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     summary = {
         "preset": args.preset,
-        "preset_defaults": dataclasses.asdict(preset),
+        "model_shape": dataclasses.asdict(preset),  # the preset with the shape flags applied
         "parameters": parameters,
         "config": config.to_dict(),
         "args": {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()},
