@@ -66,7 +66,19 @@ elif [ "$SET" = echo2 ]; then
   run e_hd128 1 $T --head-dim 128
   wait
   collect
+elif [ "$SET" = echo3 ]; then
+  # After echo2: tiny with head_dim 128 learned key matching (step ~1000). Again with another seed, and with dense
+  # variable assignments and reverse queries (one hop of variable_tracking); small with a longer 256-token phase.
+  run small_e 0 --preset small --max-len 4096 --max-seconds 430 --tokens-per-step 32768 --warmup-len 256 \
+    --length-warmup-steps 4000 --suite-start-step 4000 --dense-echo-rate 1.0 --dense-chain-rate 0.05 --num-workers 12
+  T="--preset tiny --head-dim 128 --max-len 2048 --max-seconds 430 --lr 1e-3 --tokens-per-step 32768
+    --warmup-len 256 --length-warmup-steps 3500 --suite-start-step 3500 --dense-echo-rate 1.0 --num-workers 8"
+  run e_seed1 1 $T --seed 1
+  run e_chain 1 $T --dense-chain-rate 0.05
+  wait
+  collect
+  for run in e_seed1 e_chain; do [ -e "$OUT/best_tiny_$run.tgz" ] || tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
 else
-  echo "unknown SET $SET (search3, echo or echo2)" >&2; exit 2
+  echo "unknown SET $SET (search3, echo, echo2 or echo3)" >&2; exit 2
 fi
 ls -la "$OUT"

@@ -90,6 +90,8 @@ from elastic_attention.evaluation.vocabulary import (
     PARAGRAPH_MARKER,
     QUERY_MARKER,
     VALUE_TOKENS,
+    VARIABLE_MARKER,
+    VARIABLE_TOKENS,
     build_tokenizer,
     decode_answer,
     filler_words,
@@ -105,6 +107,7 @@ LENGTH_QUANTUM = 128
 EVAL_SEED = 987_654_321
 IGNORE = -100
 FILLER_WORDS = filler_words()
+CHAIN_QUERY_MARKER = "hold"  # "hold s t ." : which variable was assigned s (dense pretraining sequences only)
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-query-rate", type=float, default=0.2, help="queries per segment, dense sequences")
     parser.add_argument("--dense-repeat-rate", type=float, default=0.0, help="rate of random copy spans in dense sequences")
     parser.add_argument("--dense-echo-rate", type=float, default=0.0, help="share of dense needles that echo their key")
+    parser.add_argument("--dense-chain-rate", type=float, default=0.0, help="variable assignments and reverse queries")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
     parser.add_argument("--qk-norm-init", type=float, default=1.0, help="initial query/key RMSNorm weight")
     for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
@@ -241,6 +245,7 @@ def dense_needle_sequence(
     query_rate: float = 0.2,
     repeat_rate: float = 0.0,
     echo_rate: float = 0.0,
+    chain_rate: float = 0.0,
 ) -> tuple[list[int], list[int]]:
     """Filler with many needles and inline queries; every queried value is supervised.
 
@@ -255,6 +260,12 @@ def dense_needle_sequence(
     residual stream, which is the feature the lookup from ``ask k`` matches against. Without this first-order
     signal the model sits on the plateau of "some stored value" (accuracy about 1 / number of stored needles).
 
+    With probability ``chain_rate`` a segment is a variable assignment ``VAR t = s .`` (``t`` a fresh variable, ``s``
+    a fresh value or, half the time, an earlier target not yet used as a source, so assignments form chains as in
+    variable_tracking), and with the same probability a reverse query ``hold s t .`` of an earlier assignment, with
+    ``t`` supervised: one hop of the variable_tracking answer. Assignments echo their target (``VAR t = s t .``, the
+    repeat supervised) with probability ``echo_rate``.
+
     Args:
         rng: random source.
         length: tokens.
@@ -263,6 +274,7 @@ def dense_needle_sequence(
         query_rate: probability that the next segment is a query.
         repeat_rate: probability that a filler slot starts a random span, and again that it repeats one.
         echo_rate: probability that a needle repeats its key after the value (the repeat is supervised).
+        chain_rate: probability that a segment is a variable assignment, and again that it is a reverse query.
 
     Returns:
         ``(input_ids, labels)``, each ``length`` long; labels are ``IGNORE`` except at queried values, repeated
@@ -274,6 +286,11 @@ def dense_needle_sequence(
     spans: list[list[str]] = []
     words: list[str] = []
     supervised: list[int] = []
+    variables = list(VARIABLE_TOKENS)
+    rng.shuffle(variables)
+    open_targets: list[str] = []
+    assignments: list[tuple[str, str]] = []  # (source, target)
+    used_values: set[str] = set()
     while len(words) < length:
         draw = rng.fraction()
         if draw < needle_rate and keys:
@@ -287,6 +304,23 @@ def dense_needle_sequence(
             key, value = rng.choice(stored)
             supervised.append(len(words) + 2)
             words += [QUERY_MARKER, key, value, "."]
+        elif chain_rate > 0 and draw < needle_rate + query_rate + chain_rate and variables:
+            target = variables.pop()
+            if open_targets and rng.fraction() < 0.5:
+                source = open_targets.pop(rng.below(len(open_targets)))
+            else:
+                source = rng.choice([value for value in VALUE_TOKENS if value not in used_values])
+                used_values.add(source)
+            open_targets.append(target)
+            assignments.append((source, target))
+            echo = echo_rate > 0 and rng.fraction() < echo_rate
+            if echo:
+                supervised.append(len(words) + 4)
+            words += [VARIABLE_MARKER, target, "=", source] + ([target, "."] if echo else ["."])
+        elif chain_rate > 0 and draw < needle_rate + query_rate + 2 * chain_rate and assignments:
+            source, target = rng.choice(assignments)
+            supervised.append(len(words) + 2)
+            words += [CHAIN_QUERY_MARKER, source, target, "."]
         else:
             draw = rng.fraction() if repeat_rate > 0 else 1.0  # no extra draw: the default stream stays as measured
             if draw < repeat_rate and spans:
@@ -357,7 +391,7 @@ class StepBatches(torch.utils.data.IterableDataset):
             if sequence is None:
                 sequence = dense_needle_sequence(
                     rng, length, self.ids, self.args.dense_needle_rate, self.args.dense_query_rate,
-                    self.args.dense_repeat_rate, self.args.dense_echo_rate,
+                    self.args.dense_repeat_rate, self.args.dense_echo_rate, self.args.dense_chain_rate,
                 )
             rows.append(sequence[0])
             labels.append(sequence[1])
