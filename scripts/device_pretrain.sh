@@ -2,16 +2,20 @@
 # Pretrain the tiny and small backbones side by side on one H200 and evaluate both with elastic-attention's own
 # runner (full attention and all-SSA, at the training length and twice it). One device call of at most 10 minutes:
 #   OUT=out bash scripts/device_pretrain.sh          (from the repository root; results under $OUT)
+# It ran with the pretraining script's defaults of that time, which OLD restores (the echo recipe is the default now).
 set -u
+OLD="--dense-echo-rate 0 --dense-chain-rate 0 --tokens-per-step 65536 --length-warmup-steps 300 --suite-start-step 0"
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
 OUT=${OUT:-out}
 mkdir -p "$OUT" /tmp/work
 start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee /tmp/work/gpu.txt
-python3 scripts/pretrain_backbone.py --preset small --max-len 4096 --out /tmp/work/backbone-small --max-seconds 330 \
+python3 scripts/pretrain_backbone.py --preset small $OLD --max-len 4096 --out /tmp/work/backbone-small \
+  --max-seconds 330 \
   --eval-samples 16 --num-workers 6 > /tmp/work/small.log 2>&1 &
 small_pid=$!
-python3 scripts/pretrain_backbone.py --preset tiny --max-len 2048 --out /tmp/work/backbone-tiny --max-seconds 250 \
+python3 scripts/pretrain_backbone.py --preset tiny $OLD --head-dim 64 --lr 2e-3 --max-len 2048 \
+  --out /tmp/work/backbone-tiny --max-seconds 250 \
   --eval-samples 16 --num-workers 6 > /tmp/work/tiny.log 2>&1
 tar -C /tmp/work -czf "$OUT/backbone-tiny.tgz" backbone-tiny
 echo "tiny done at $(( $(date +%s) - start )) s"

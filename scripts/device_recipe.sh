@@ -2,7 +2,9 @@
 # Backbone recipe search (issue 3): tiny variants and one small run side by side on two H200s (nvidia-h200-x2),
 # each evaluated by the pretraining script itself (full attention, greedy exact match at its training length).
 #   OUT=out bash scripts/device_recipe.sh [SET]    (from the repository root; results under $OUT)
-# SET "search3" (default): the third session's five variants; "echo": needles that echo their key (--dense-echo-rate).
+# SET "search3" (default): the third session's five variants; "echo", "echo2", "echo3": the fourth session's runs
+# (needles that echo their key, --dense-echo-rate; head_dim 128; dense variable chains, --dense-chain-rate). echo3's
+# e_chain is the shipped tiny backbone, and its flags are now the script's defaults for the tiny preset.
 set -u
 SET=${1:-search3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
@@ -29,15 +31,19 @@ PY
   tar -C "$W" -cf - small_e | split -b 15m - "$OUT/small_e.tar.part-"
   tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
 }
+# The script's defaults before the echo recipe became the default (sets search3, echo and echo2 ran with them).
+OLD_TINY="--head-dim 64 --lr 2e-3"
+OLD_DATA="--dense-echo-rate 0 --dense-chain-rate 0"
+OLD_STEPS="--tokens-per-step 65536 --length-warmup-steps 300 --suite-start-step 0"
 if [ "$SET" = search3 ]; then
-  T="--preset tiny --max-len 2048 --max-seconds 420"
+  T="--preset tiny --max-len 2048 --max-seconds 420 $OLD_TINY $OLD_DATA $OLD_STEPS"
   run t_dense 0 $T --suite-start-step 1500
   run t_lr    0 $T --lr 1e-3
   run t_few   0 $T --dense-needle-rate 0.08 --dense-query-rate 0.12
   run t_lm    1 $T --dense-lm-weight 0.1 --dense-repeat-rate 0.03
   run t_warm  1 $T --length-warmup-steps 1500 --warmup-len 512
-  run small   1 --preset small --max-len 4096 --max-seconds 440 --suite-start-step 800 --dense-needle-rate 0.1 \
-    --dense-query-rate 0.15
+  run small   1 --preset small $OLD_DATA $OLD_STEPS --max-len 4096 --max-seconds 440 --suite-start-step 800 \
+    --dense-needle-rate 0.1 --dense-query-rate 0.15
   wait
   for d in "$W"/t_*/; do n=$(basename "$d"); tar -C "$W" -czf "$OUT/$n.tgz" "$n"; done
   tar -C "$W" -cf - small | split -b 15m - "$OUT/small.tar.part-"
@@ -46,12 +52,13 @@ elif [ "$SET" = echo ]; then
   # Many small steps at 256 tokens first (dense needles only), then the mixed lengths with suite rows; two runs per
   # GPU, 7 data workers each. Only the logs, the summaries, the best tiny run (by sensitive mean, then dense key
   # matching) and the small run come back (the device returns at most 8 files).
-  T="--preset tiny --max-len 2048 --max-seconds 430 --tokens-per-step 16384 --warmup-len 256 --num-workers 7"
+  T="--preset tiny $OLD_TINY $OLD_DATA --max-len 2048 --max-seconds 430 --tokens-per-step 16384 --warmup-len 256
+    --num-workers 7"
   run e_echo   0 $T --length-warmup-steps 8000 --suite-start-step 8000 --dense-echo-rate 1.0
   run e_plain  0 $T --length-warmup-steps 8000 --suite-start-step 8000
   run e_short  1 $T --length-warmup-steps 3000 --suite-start-step 3000 --dense-echo-rate 1.0
   run small_e  1 --preset small --max-len 4096 --max-seconds 430 --tokens-per-step 32768 --warmup-len 256 \
-    --length-warmup-steps 4000 --suite-start-step 4000 --dense-echo-rate 1.0 --num-workers 7
+    --length-warmup-steps 4000 --suite-start-step 4000 --dense-echo-rate 1.0 --dense-chain-rate 0 --num-workers 7
   wait
   collect
 elif [ "$SET" = echo2 ]; then
@@ -59,9 +66,10 @@ elif [ "$SET" = echo2 ]; then
   # the tiny ones did not. The small run alone on GPU 0 with the length curriculum after its transition; two tiny
   # variants on GPU 1 with the small run's learning rate and batch, one of them with head_dim 128.
   run small_e 0 --preset small --max-len 4096 --max-seconds 440 --tokens-per-step 32768 --warmup-len 256 \
-    --length-warmup-steps 3000 --suite-start-step 3000 --dense-echo-rate 1.0 --num-workers 12
-  T="--preset tiny --max-len 2048 --max-seconds 430 --lr 1e-3 --tokens-per-step 32768 --warmup-len 256
-    --length-warmup-steps 3500 --suite-start-step 3500 --dense-echo-rate 1.0 --num-workers 8"
+    --length-warmup-steps 3000 --suite-start-step 3000 --dense-echo-rate 1.0 --dense-chain-rate 0 --num-workers 12
+  T="--preset tiny --head-dim 64 --dense-chain-rate 0 --max-len 2048 --max-seconds 430 --lr 1e-3
+    --tokens-per-step 32768 --warmup-len 256 --length-warmup-steps 3500 --suite-start-step 3500 --dense-echo-rate 1.0
+    --num-workers 8"
   run e_lr    1 $T
   run e_hd128 1 $T --head-dim 128
   wait
@@ -73,7 +81,7 @@ elif [ "$SET" = echo3 ]; then
     --length-warmup-steps 4000 --suite-start-step 4000 --dense-echo-rate 1.0 --dense-chain-rate 0.05 --num-workers 12
   T="--preset tiny --head-dim 128 --max-len 2048 --max-seconds 430 --lr 1e-3 --tokens-per-step 32768
     --warmup-len 256 --length-warmup-steps 3500 --suite-start-step 3500 --dense-echo-rate 1.0 --num-workers 8"
-  run e_seed1 1 $T --seed 1
+  run e_seed1 1 $T --seed 1 --dense-chain-rate 0
   run e_chain 1 $T --dense-chain-rate 0.05
   wait
   collect

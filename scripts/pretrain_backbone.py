@@ -2,13 +2,13 @@
 
 Commands (one H200; the repository root as working directory):
 
-  tiny: 4 layers, hidden 256, 4 query / 2 KV heads of head_dim 64, intermediate 768, 3.4M parameters (6.8 MB in
-  bf16), lengths up to 4096, 300 s of training, about 6 minutes in all:
+  tiny: 4 layers, hidden 256, 4 query / 2 KV heads of head_dim 128, intermediate 768, 4.2M parameters (8.4 MB in
+  bf16), lengths up to 2048, 430 s of training, about 7.5 minutes in all:
 
     PYTHONUNBUFFERED=1 PYTHONPATH=src python scripts/pretrain_backbone.py --preset tiny --out runs/backbone-tiny
 
   small: 8 layers, hidden 512, 8 query / 2 KV heads of head_dim 128, intermediate 1024, 23.6M parameters (47 MB in
-  bf16), lengths up to 8192, 450 s of training, about 9 minutes in all:
+  bf16), lengths up to 4096, 430 s of training, about 7.5 minutes in all:
 
     PYTHONUNBUFFERED=1 PYTHONPATH=src python scripts/pretrain_backbone.py --preset small --out runs/backbone-small
 
@@ -17,20 +17,16 @@ Commands (one H200; the repository root as working directory):
     PYTHONPATH=src python scripts/pretrain_backbone.py --preset tiny --max-steps 2 --max-len 256 --device cpu \
         --out /tmp/backbone-smoke
 
-Measured on one H200 (2026-11-29, torch 2.11, transformers 5.17; defaults as in this file then, except the small
-preset, which had 4 KV heads and intermediate 1536, 32M parameters, 64 MB):
-
-- tiny, 300 s budget: 5099 steps, 330M tokens (about 1.1M tokens/s, 17 steps/s); 307 s from start to saved summary.
-  Greedy exact match at 4096 tokens, 64 rows per task, with the suite's defaults of that time (multivalue with 4
-  values, 4 hops, 2 pattern items, counts up to 6): needle_single 1.00, needle_multikey 0.31, needle_multivalue 0.05,
-  variable_tracking 0.00, local_recall 0.98, local_pattern 0.09, local_count 0.28. The model learned "copy the value
-  after ``remember``" but not key matching (multikey sits at chance, 1/4) nor induction (local_pattern); the dense
-  query loss stayed near 4.3 above 1K tokens. 70-150 s variants at 1K (lr 1e-3, ``--dense-lm-weight 0.5``, sparser
-  needles via ``--dense-needle-rate 0.08 --dense-query-rate 0.12``) did not change that. ``--dense-repeat-rate``
-  (random spans repeated verbatim: the copy signal that makes a 2-layer model of this family form induction heads
-  on toy data within about 400 steps, checked on CPU) and a longer ``--length-warmup-steps`` are the next things to
-  try; they are off by default because no GPU run has tested them.
-- small, 60 s budget only: 338 steps at 430K tokens/s, all at the 256-token warm-up length.
+The shipped tiny backbone (``src/elastic_attention/assets/backbone_tiny``) is the run ``e_chain`` of
+``OUT=$OUT bash scripts/device_recipe.sh echo3`` (2026-11-29, two H200s, two runs sharing each GPU): these defaults
+with ``--num-workers 8 --eval-samples 24``, 8067 steps, 263M tokens in 430 s; key matching formed at about step 700.
+Its own evaluation at 2048 tokens (24 rows per task, full attention): needle_single, needle_multikey,
+needle_multivalue, variable_tracking and local_recall 1.000, local_pattern 0.667, local_count 0.417; the dense
+key-matching queries 0.840. The same recipe without dense chains and with another seed: variable_tracking 0.000,
+local_pattern 0.958. Every run and what did not work (head_dim 64, no echo, longer short phases):
+``benchmarks/results/backbones_2026-11-29.md``. Runs before the echo recipe used other defaults (tiny head_dim 64,
+lr 2e-3, 4096 tokens, 300 s; 65536 tokens per step; a 300-step length warm-up; suite rows from step 0; no echo and
+no chains); ``scripts/device_recipe.sh`` names them for the sets that used them.
 
 What it does:
 
@@ -38,9 +34,11 @@ What it does:
   ``L``. The first ``--length-warmup-steps`` steps use ``--warmup-len``; later steps draw ``L`` uniformly from the
   multiples of 128 in ``[--min-len, --max-len]``. Each sequence is, with probability ``--suite-fraction``, one
   suite row in the evaluation format (chat template, task drawn uniformly, prompt of ``L - 16`` tokens, loss on the
-  answer and ``<eos>``, right-padded with ``<pad>``) or else a dense needle sequence (filler, ``remember k v .``
-  needles with fresh keys, ``ask k v .`` queries of earlier needles, loss on every queried value), the dense
-  supervision EVIDENCE.md recommends. All sequences of a step have the same length, so there is no packing and no
+  answer and ``<eos>``, right-padded with ``<pad>``) or else a dense needle sequence (filler, ``remember k v k .``
+  needles with fresh keys and the echoed key supervised, ``ask k v .`` queries of earlier needles, variable
+  assignments and ``hold s t .`` reverse queries, loss on every queried value), the dense supervision EVIDENCE.md
+  recommends. Suite rows start after the short phase (``--suite-start-step``). All sequences of a step have the
+  same length, so there is no packing and no
   attention mask: right padding sits after every supervised token, which causal attention never lets earlier
   positions see. The loss is the mean of the suite-answer loss and the dense-query loss (each a per-token mean), so
   the few suite-answer tokens are not drowned by the many dense ones.
@@ -124,6 +122,9 @@ class Preset:
         max_len: longest training (and default evaluation) sequence, tokens.
         lr: peak learning rate.
         max_seconds: default wall-clock training budget, seconds.
+        short_phase_steps: default of ``--length-warmup-steps`` and ``--suite-start-step``: the steps of dense
+            sequences at ``--warmup-len`` tokens during which key matching forms (a sharp transition, seen at
+            steps 400-1150 of the shipped runs).
     """
 
     num_layers: int
@@ -135,11 +136,12 @@ class Preset:
     max_len: int
     lr: float
     max_seconds: float
+    short_phase_steps: int
 
 
 PRESETS: dict[str, Preset] = {
-    "tiny": Preset(4, 256, 4, 2, 64, 768, max_len=4096, lr=2e-3, max_seconds=300.0),
-    "small": Preset(8, 512, 8, 2, 128, 1024, max_len=8192, lr=1e-3, max_seconds=450.0),
+    "tiny": Preset(4, 256, 4, 2, 128, 768, max_len=2048, lr=1e-3, max_seconds=430.0, short_phase_steps=3500),
+    "small": Preset(8, 512, 8, 2, 128, 1024, max_len=4096, lr=1e-3, max_seconds=430.0, short_phase_steps=4000),
 }
 
 
@@ -154,15 +156,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-len", type=int, default=None, help="longest training sequence, tokens")
     parser.add_argument("--min-len", type=int, default=256, help="shortest sequence after the length warm-up")
     parser.add_argument("--warmup-len", type=int, default=256, help="sequence length of the length warm-up")
-    parser.add_argument("--length-warmup-steps", type=int, default=300)
-    parser.add_argument("--tokens-per-step", type=int, default=None, help="default 65536 on CUDA, 2048 on CPU")
+    parser.add_argument("--length-warmup-steps", type=int, default=None, help="default: the preset's short phase")
+    parser.add_argument("--tokens-per-step", type=int, default=None, help="default 32768 on CUDA, 2048 on CPU")
     parser.add_argument("--suite-fraction", type=float, default=0.5, help="share of sequences that are suite rows")
-    parser.add_argument("--suite-start-step", type=int, default=0, help="steps before the first suite row (dense only)")
+    parser.add_argument("--suite-start-step", type=int, default=None,
+                        help="steps before the first suite row (dense only); default: the preset's short phase")
     parser.add_argument("--dense-needle-rate", type=float, default=0.2, help="needles per segment, dense sequences")
     parser.add_argument("--dense-query-rate", type=float, default=0.2, help="queries per segment, dense sequences")
     parser.add_argument("--dense-repeat-rate", type=float, default=0.0, help="rate of random copy spans in dense sequences")
-    parser.add_argument("--dense-echo-rate", type=float, default=0.0, help="share of dense needles that echo their key")
-    parser.add_argument("--dense-chain-rate", type=float, default=0.0, help="variable assignments and reverse queries")
+    parser.add_argument("--dense-echo-rate", type=float, default=1.0, help="share of dense needles that echo their key")
+    parser.add_argument("--dense-chain-rate", type=float, default=0.05, help="variable assignments and reverse queries")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
     parser.add_argument("--qk-norm-init", type=float, default=1.0, help="initial query/key RMSNorm weight")
     for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
@@ -188,7 +191,8 @@ def model_shape(args: argparse.Namespace) -> Preset:
     overrides = {
         field.name: getattr(args, field.name)
         for field in dataclasses.fields(Preset)
-        if getattr(args, field.name, None) is not None and field.name not in ("max_len", "lr", "max_seconds")
+        if getattr(args, field.name, None) is not None
+        and field.name not in ("max_len", "lr", "max_seconds", "short_phase_steps")
     }
     return dataclasses.replace(PRESETS[args.preset], **overrides)
 
@@ -202,7 +206,10 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     args.max_len = args.max_len or preset.max_len
     args.max_seconds = preset.max_seconds if args.max_seconds is None else args.max_seconds
     args.lr = args.lr or preset.lr
-    args.tokens_per_step = args.tokens_per_step or (65536 if on_cuda else 2048)
+    args.tokens_per_step = args.tokens_per_step or (32768 if on_cuda else 2048)
+    for name in ("length_warmup_steps", "suite_start_step"):
+        if getattr(args, name) is None:
+            setattr(args, name, preset.short_phase_steps)
     if args.num_workers is None:
         args.num_workers = max(0, min(12, (os.cpu_count() or 1) - 2)) if on_cuda else 0
     args.log_every = args.log_every or (50 if on_cuda else 1)

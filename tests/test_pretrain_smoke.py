@@ -55,7 +55,7 @@ def test_two_cpu_steps_save_a_loadable_backbone(pretrain, tmp_path, one_thread) 
     assert config.model_type == "qwen3"
     assert pretrain.rope_theta_of(config) == 1e6
     assert config.num_attention_heads == 2 * config.num_key_value_heads
-    assert (config.hidden_size, config.num_hidden_layers, config.head_dim) == (256, 4, 64)
+    assert (config.hidden_size, config.num_hidden_layers, config.head_dim) == (256, 4, 128)
     assert model.dtype == torch.bfloat16
     weights = sum(path.stat().st_size for path in out.glob("*.safetensors"))
     assert weights <= 10 * 1024 * 1024
@@ -92,7 +92,7 @@ def test_dense_sequence_supervises_queried_values(pretrain) -> None:
     tokenizer = pretrain.build_tokenizer()
     ids = tokenizer.get_vocab()
     words = {index: word for word, index in ids.items()}
-    input_ids, labels = pretrain.dense_needle_sequence(pretrain.SampleRandom(0), 2048, ids)
+    input_ids, labels = pretrain.dense_needle_sequence(pretrain.SampleRandom(0), 2048, ids, echo_rate=0.0)
     assert len(input_ids) == len(labels) == 2048
     supervised = [t for t, label in enumerate(labels) if label != pretrain.IGNORE]
     assert len(supervised) > 20
@@ -116,3 +116,43 @@ def test_dense_sequence_repeats_supervise_copied_spans(pretrain) -> None:
     for t in copied:
         # The copied token and the one before it occur together earlier in the sequence.
         assert f"{text[t - 1]} {text[t]}" in " ".join(text[: t - 1]), (t, joined[:200])
+
+
+def test_echoed_needles_and_variable_chains_are_recoverable(pretrain) -> None:
+    """Every supervised token of the echo-and-chain recipe follows from earlier tokens by a slow parse."""
+    tokenizer = pretrain.build_tokenizer()
+    ids = tokenizer.get_vocab()
+    words = {index: word for word, index in ids.items()}
+    kinds = {"echo": 0, "ask": 0, "hold": 0, "echoed_target": 0}
+    for seed in range(4):
+        input_ids, labels = pretrain.dense_needle_sequence(
+            pretrain.SampleRandom(seed), 1531, ids, echo_rate=1.0, chain_rate=0.1
+        )
+        assert len(input_ids) == len(labels) == 1531
+        text = [words[i] for i in input_ids]
+        supervised = [t for t, label in enumerate(labels) if label != pretrain.IGNORE]
+        assert all(labels[t] == input_ids[t] for t in supervised)
+        for t in supervised:
+            if text[t - 3] == "remember":  # remember k v [k]
+                assert text[t] == text[t - 2] and text[t].startswith("k")
+                kinds["echo"] += 1
+            elif text[t - 2] == "ask":  # ask k [v]: the value of the one earlier needle of k
+                needles = [s for s in range(t - 2) if text[s] == "remember" and text[s + 1] == text[t - 1]]
+                assert len(needles) == 1 and text[needles[0] + 2] == text[t]
+                kinds["ask"] += 1
+            elif text[t - 2] == "hold":  # hold s [t]: the one variable assigned s
+                targets = [text[s + 1] for s in range(t - 2) if text[s] == "VAR" and text[s + 3] == text[t - 1]]
+                assert targets == [text[t]]
+                kinds["hold"] += 1
+            else:  # VAR t = s [t]
+                assert text[t - 4] == "VAR" and text[t - 2] == "=" and text[t] == text[t - 3]
+                kinds["echoed_target"] += 1
+        # Chains: every source that is a variable was assigned earlier, and no source is assigned twice.
+        assignments = [(text[s + 1], text[s + 3], s) for s in range(len(text) - 3) if text[s] == "VAR"]
+        sources = [source for _, source, _ in assignments]
+        assert len(sources) == len(set(sources))
+        first_assigned = {target: s for target, _, s in reversed(assignments)}
+        for _, source, s in assignments:
+            if source.startswith("x"):
+                assert first_assigned[source] < s
+    assert min(kinds.values()) >= 5, kinds
