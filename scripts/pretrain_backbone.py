@@ -38,9 +38,8 @@ What it does:
   needles with fresh keys and the echoed key supervised, ``ask k v .`` queries of earlier needles, variable
   assignments and ``hold s t .`` reverse queries, loss on every queried value), the dense supervision EVIDENCE.md
   recommends. Suite rows start after the short phase (``--suite-start-step``). All sequences of a step have the
-  same length, so there is no packing and no
-  attention mask: right padding sits after every supervised token, which causal attention never lets earlier
-  positions see. The loss is the mean of the suite-answer loss and the dense-query loss (each a per-token mean), so
+  same length, so there is no packing and no attention mask: right padding sits after every supervised token, which
+  causal attention never lets earlier positions see. The loss is the mean of the suite-answer loss and the dense-query loss (each a per-token mean), so
   the few suite-answer tokens are not drowned by the many dense ones.
 - Model: ``Qwen3Config`` with rope_theta 1e6 (written as ``rope_parameters`` where the config has it, else as
   ``rope_theta``; checked again on the reloaded ``config.json``), tied embeddings, vocabulary 1024 (the suite has
@@ -284,8 +283,8 @@ def dense_needle_sequence(
         chain_rate: probability that a segment is a variable assignment, and again that it is a reverse query.
 
     Returns:
-        ``(input_ids, labels)``, each ``length`` long; labels are ``IGNORE`` except at queried values, repeated
-        span tokens and echoed keys.
+        ``(input_ids, labels)``, each ``length`` long; labels are ``IGNORE`` except at queried values and
+        variables, repeated span tokens, and echoed keys and variables.
     """
     keys = list(KEY_TOKENS)
     rng.shuffle(keys)
