@@ -1,6 +1,7 @@
 """Router training: packing, labels, the objective and its multipliers, the CLI with kill and resume, gloo DDP."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,6 +181,28 @@ def test_cli_run_killed_midway_resumes_to_the_uninterrupted_result(tmp_path, ran
     metrics = (tmp_path / "interrupted" / "metrics.csv").read_text().splitlines()
     assert metrics == (tmp_path / "straight" / "metrics.csv").read_text().splitlines()
     assert (tmp_path / "interrupted" / "training.png").exists()
+
+
+def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_suite_backbone):
+    # A run killed after logging its third step but before the next checkpoint: resuming from the checkpoint after
+    # two steps must not log the third twice. Simulated deterministically: finish a 3-step run, then remove its
+    # adapter and its final checkpoint, and resume.
+    from elastic_attention.training import train
+
+    straight = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "straight", steps=3))
+    train(straight, progress=False)
+    killed = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "killed", steps=3))
+    train(killed, progress=False)
+    run = tmp_path / "killed"
+    assert len((run / "metrics.csv").read_text().splitlines()) == 4  # header + steps 0, 1, 2
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-000003"
+    for folder in (run / "router", run / "checkpoints" / "step-000003"):
+        shutil.rmtree(folder)
+    (run / "checkpoints" / "latest").write_text("step-000002")  # as the run left it before its final checkpoint
+    train(killed, resume=True, progress=False)
+    assert (run / "metrics.csv").read_text().splitlines() == (tmp_path / "straight" / "metrics.csv").read_text().splitlines()
+    for name, value in routers(tmp_path / "straight").items():
+        torch.testing.assert_close(routers(run)[name], value, rtol=0, atol=0)
 
 
 @pytest.mark.slow

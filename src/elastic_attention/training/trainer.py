@@ -10,6 +10,7 @@ replays the uninterrupted one.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -279,7 +280,22 @@ class RouterTrainer:
         optimizer_state = unflatten_optimizer(tensors, scalars["param_groups"])
         self.optimizer.load_state_dict(optimizer_state)
         self.step, self.history = step, scalars["history"]
+        if self.rank == 0:
+            self._rewrite_metrics()
         logger.info("resumed from step %d", step)
+
+    def _rewrite_metrics(self) -> None:
+        """Make metrics.csv hold exactly the restored history: a run killed after logging steps past its last
+        checkpoint would otherwise log those steps twice once resumed."""
+        path = self.output_dir / "metrics.csv"
+        if not self.history:
+            path.unlink(missing_ok=True)
+            return
+        buffer = io.StringIO(newline="")
+        csv_writer = csv.DictWriter(buffer, fieldnames=list(self.history[0]))
+        csv_writer.writeheader()
+        csv_writer.writerows(self.history)
+        atomic_write_text(path, buffer.getvalue())
 
     # -- outputs -----------------------------------------------------------------------------------------------
 
