@@ -1,5 +1,7 @@
 """Block tables against brute-force token masks; layouts; attended-pair counts."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import token_mask
@@ -194,6 +196,15 @@ def test_builder_reuses_patterns_across_layers_and_counts_pairs_like_the_tables(
         assert torch.equal(tables.kv_block_count, alone.kv_block_count)
         assert torch.equal(tables.kv_block_index, alone.kv_block_index)
         assert torch.equal(pairs, attended_pairs(tables, layout))
-        if not bool((modes == XA).any()):  # the runtime of a configuration without XA skips the device check
-            promised, promised_pairs = builder.build(modes, 4, query=query, key=key, may_use_xa=False)
+        if not bool((modes == XA).any()):  # a builder of a configuration without XA skips the device check
+            without_xa = BlockTableBuilder(layout, dataclasses.replace(config, configuration="fa-ssa"), "cpu")
+            promised, promised_pairs = without_xa.build(modes, 4, query=query, key=key)
             assert torch.equal(promised.kv_block_index, tables.kv_block_index) and torch.equal(promised_pairs, pairs)
+
+
+def test_xa_heads_need_a_configuration_with_xa():
+    layout = SequenceLayout.from_padding_mask(torch.ones(1, 40, dtype=torch.bool))
+    config = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)  # fa-ssa
+    query, key = torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 16)
+    with pytest.raises(InputError, match="has no XA"):
+        build_block_tables(layout, torch.tensor([[XA, FULL]]), config, 2, query=query, key=key)

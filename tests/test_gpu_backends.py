@@ -89,7 +89,8 @@ def test_tables_built_on_the_gpu_equal_the_cpu_tables(configuration):
     layout_gpu = SequenceLayout.from_padding_mask(mask.cuda())
     query, key, _ = random_states(2, 4, 2, 3000, 64, seed=5)
     query, key = query.float(), key.float()
-    modes = torch.tensor([[0, 1, 2, 1], [2, 2, 0, 1]])
+    retrieval, sparse = MODE_CODES[config.retrieval_mode], MODE_CODES[config.sparse_mode]  # heads on XA need XA
+    modes = torch.tensor([[retrieval, sparse, retrieval, sparse], [sparse, sparse, retrieval, sparse]])
     gpu = build_block_tables(layout_gpu, modes.cuda(), config, 8, query=query, key=key)
     cpu = build_block_tables(layout_cpu, modes, config, 8, query=query.cpu(), key=key.cpu())
     assert gpu.kv_block_count.is_cuda

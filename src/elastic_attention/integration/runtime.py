@@ -288,8 +288,7 @@ class ElasticRuntime:
         """(block tables, attended pairs per head) of one layer; the forward's patterns are built once."""
         if self._builder is None or self._builder.layout is not self.layout:
             self._builder = BlockTableBuilder(self.layout, self.config, query.device)
-        uses_xa = "xa" in (self.config.retrieval_mode, self.config.sparse_mode)
-        return self._builder.build(modes, query.shape[1], query=query, key=key, scale=scale, may_use_xa=uses_xa)
+        return self._builder.build(modes, query.shape[1], query=query, key=key, scale=scale)
 
     def _attend(self, query, key, value, modes, scale, layer_index: int) -> torch.Tensor:
         tables, pairs = self._tables(modes, query, key, scale)

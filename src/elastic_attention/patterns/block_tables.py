@@ -150,6 +150,9 @@ class BlockTableBuilder:
 
     def __init__(self, layout: SequenceLayout, config: ElasticConfig, device: torch.device | str) -> None:
         self.layout, self.config = layout, config
+        # Routing puts heads only on its configuration's two modes, so without XA there is no per-layer
+        # device-to-host check for XA heads.
+        self.config_has_xa = "xa" in (config.retrieval_mode, config.sparse_mode)
         size = config.block_size
         self._spans = list(zip(layout.spans(), layout.query_positions()))
         self._bases, first_blocks = [], []
@@ -174,7 +177,6 @@ class BlockTableBuilder:
         query: torch.Tensor | None = None,
         key: torch.Tensor | None = None,
         scale: float | None = None,
-        may_use_xa: bool = True,
     ) -> tuple[BlockTables, torch.Tensor]:
         """Block tables of one routed layer, and the causal (query, key) pairs each head attends.
 
@@ -185,8 +187,6 @@ class BlockTableBuilder:
             query: [B, Hq, S_q, D] query states; needed only when some head is on XA at prefill.
             key: [B, Hkv, S_kv, D] key states; same condition.
             scale: attention scale for the XA estimate (default 1/sqrt(D)).
-            may_use_xa: False promises that no head is on XA (a configuration without XA), which saves a
-                device-to-host check per layer; the tables are wrong if the promise is broken.
 
         Returns:
             (tables, pairs [N, Hq] int64). At decode (queries with a cached past) XA heads attend every key: the XA
@@ -202,7 +202,7 @@ class BlockTableBuilder:
             raise InputError(f"query heads ({num_query_heads}) must be a multiple of KV heads ({num_kv_heads})")
         group = num_query_heads // num_kv_heads
         modes = head_modes.repeat_interleave(group, dim=1).to(self._base.kv_block_count.device)
-        if self.layout.is_prefill and may_use_xa and bool((modes == XA).any()):
+        if self.layout.is_prefill and self.config_has_xa and bool((modes == XA).any()):
             tables = self._build_with_xa(modes, group, query, key, scale)
             return tables, attended_pairs(tables, self.layout)
         pattern = (modes == SSA).long()
@@ -248,8 +248,17 @@ def build_block_tables(
     key: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> BlockTables:
-    """Block tables of one routed layer (one-shot `BlockTableBuilder`; tables on the device of ``head_modes``)."""
+    """Block tables of one routed layer (one-shot `BlockTableBuilder`; tables on the device of ``head_modes``).
+
+    Raises:
+        InputError: if a head is on XA and ``config``'s configuration has no XA (a builder would treat it as full).
+    """
     builder = BlockTableBuilder(layout, config, head_modes.device)
+    if not builder.config_has_xa and bool((head_modes == XA).any()):
+        raise InputError(
+            f"`head_modes` puts heads on XA but configuration {config.configuration!r} has no XA; "
+            "use configuration 'fa-xa' or 'xa-ssa'"
+        )
     tables, _ = builder.build(head_modes, num_query_heads, query=query, key=key, scale=scale)
     return tables
 
