@@ -138,6 +138,9 @@ class Preset:
     short_phase_steps: int
 
 
+#: The preset fields that a command-line flag of the same name (``--head-dim`` ...) overrides.
+SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")
+
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(4, 256, 4, 2, 128, 768, max_len=2048, lr=1e-3, max_seconds=430.0, short_phase_steps=3500),
     "small": Preset(8, 512, 8, 2, 128, 1024, max_len=4096, lr=1e-3, max_seconds=430.0, short_phase_steps=4000),
@@ -167,7 +170,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-chain-rate", type=float, default=0.05, help="variable assignments and reverse queries")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
     parser.add_argument("--qk-norm-init", type=float, default=1.0, help="initial query/key RMSNorm weight")
-    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+    for field in SHAPE_FIELDS:
         flag = "--" + field.replace("_", "-")
         parser.add_argument(flag, type=int, default=None, help=f"override the preset's {field}")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
@@ -187,12 +190,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def model_shape(args: argparse.Namespace) -> Preset:
     """The preset with the shape flags given on the command line (``--num-layers`` ...) in place of its values."""
-    overrides = {
-        field.name: getattr(args, field.name)
-        for field in dataclasses.fields(Preset)
-        if getattr(args, field.name, None) is not None
-        and field.name not in ("max_len", "lr", "max_seconds", "short_phase_steps")
-    }
+    overrides = {field: getattr(args, field) for field in SHAPE_FIELDS if getattr(args, field) is not None}
     return dataclasses.replace(PRESETS[args.preset], **overrides)
 
 
