@@ -4,7 +4,8 @@
 #   OUT=out bash scripts/device_recipe.sh [SET]    (from the repository root; results under $OUT)
 # SET "search3" (default): the third session's five variants; "echo", "echo2", "echo3": the fourth session's runs
 # (needles that echo their key, --dense-echo-rate; head_dim 128; dense variable chains, --dense-chain-rate). echo3's
-# e_chain is the shipped tiny backbone, and its flags are now the script's defaults for the tiny preset.
+# e_chain is the shipped tiny backbone, and its flags are now the script's defaults for the tiny preset. "local": the
+# fifth session's runs (dense local count and pattern blocks, --dense-local-rate).
 set -u
 SET=${1:-search3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
@@ -86,7 +87,15 @@ elif [ "$SET" = echo3 ]; then
   wait
   collect
   for run in e_seed1 e_chain; do [ -e "$OUT/best_tiny_$run.tgz" ] || tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
+elif [ "$SET" = local ]; then
+  # Fifth session (2026-11-30): the shipped recipe (the script's defaults, e_chain) with dense local count and
+  # pattern blocks (--dense-local-rate) at two rates, both runs on GPU 1 (scripts/device_session5.sh uses GPU 0).
+  run l_02 1 --preset tiny --num-workers 8 --dense-local-rate 0.02
+  run l_04 1 --preset tiny --num-workers 8 --dense-local-rate 0.04
+  wait
+  for run in l_02 l_04; do tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
+  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
 else
-  echo "unknown SET $SET (search3, echo, echo2 or echo3)" >&2; exit 2
+  echo "unknown SET $SET (search3, echo, echo2, echo3 or local)" >&2; exit 2
 fi
 ls -la "$OUT"

@@ -82,10 +82,13 @@ from elastic_attention.evaluation.tasks import (
     score,
 )
 from elastic_attention.evaluation.vocabulary import (
+    COLOR_WORDS,
     KEY_TOKENS,
     NEEDLE_MARKER,
     PARAGRAPH_MARKER,
     QUERY_MARKER,
+    SEQUENCE_MARKER,
+    SHARED_NOUNS,
     VALUE_TOKENS,
     VARIABLE_MARKER,
     VARIABLE_TOKENS,
@@ -168,6 +171,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-repeat-rate", type=float, default=0.0, help="rate of random copy spans in dense sequences")
     parser.add_argument("--dense-echo-rate", type=float, default=1.0, help="share of dense needles that echo their key")
     parser.add_argument("--dense-chain-rate", type=float, default=0.05, help="variable assignments and reverse queries")
+    parser.add_argument("--dense-local-rate", type=float, default=0.0,
+                        help="local count / pattern blocks per segment, dense sequences")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
     parser.add_argument("--qk-norm-init", type=float, default=1.0, help="initial query/key RMSNorm weight")
     for field in SHAPE_FIELDS:
@@ -250,6 +255,7 @@ def dense_needle_sequence(
     repeat_rate: float = 0.0,
     echo_rate: float = 0.0,
     chain_rate: float = 0.0,
+    local_rate: float = 0.0,
 ) -> tuple[list[int], list[int]]:
     """Filler with many needles and inline queries; every queried value is supervised.
 
@@ -270,6 +276,13 @@ def dense_needle_sequence(
     ``t`` supervised: one hop of the variable_tracking answer. Assignments echo their target (``VAR t = s t .``, the
     repeat supervised) with probability ``echo_rate``.
 
+    With probability ``local_rate`` a segment is a local block in the format of the robust tasks' last paragraph: a
+    new paragraph of filler sentences with either colour sentences and the local_count question (``question : how
+    many times does the color c appear in the last paragraph ? n``, ``n`` supervised; the block's colours are fresh
+    in the sequence), or a periodic ``sequence : ...`` with the local_pattern question (every item from the second
+    period on and the answer supervised). Counting and continuing get a dense signal instead of one suite answer in
+    fourteen sequences.
+
     Args:
         rng: random source.
         length: tokens.
@@ -279,10 +292,12 @@ def dense_needle_sequence(
         repeat_rate: probability that a filler slot starts a random span, and again that it repeats one.
         echo_rate: probability that a needle repeats its key after the value (the repeat is supervised).
         chain_rate: probability that a segment is a variable assignment, and again that it is a reverse query.
+        local_rate: probability that a segment is a local count or pattern block.
 
     Returns:
         ``(input_ids, labels)``, each ``length`` long; labels are ``IGNORE`` except at queried values and
-        variables, repeated span tokens, and echoed keys and variables.
+        variables, repeated span tokens, echoed keys and variables, and the answers and continued items of local
+        blocks.
     """
     keys = list(KEY_TOKENS)
     rng.shuffle(keys)
@@ -295,6 +310,9 @@ def dense_needle_sequence(
     open_targets: list[str] = []
     assignments: list[tuple[str, str]] = []  # (source, target)
     used_values: set[str] = set()
+    colors = list(COLOR_WORDS)
+    if local_rate > 0:  # no draw at 0: the default stream stays as measured
+        rng.shuffle(colors)
     while len(words) < length:
         draw = rng.fraction()
         if draw < needle_rate and keys:
@@ -325,6 +343,10 @@ def dense_needle_sequence(
             source, target = rng.choice(assignments)
             supervised.append(len(words) + 2)
             words += [CHAIN_QUERY_MARKER, source, target, "."]
+        elif local_rate > 0 and draw < needle_rate + query_rate + 2 * chain_rate + local_rate:
+            block, answers = local_block(rng, colors)
+            supervised += [len(words) + offset for offset in answers]
+            words += block
         else:
             draw = rng.fraction() if repeat_rate > 0 else 1.0  # no extra draw: the default stream stays as measured
             if draw < repeat_rate and spans:
@@ -345,6 +367,49 @@ def dense_needle_sequence(
         if position < length:
             labels[position] = input_ids[position]
     return input_ids, labels
+
+
+def local_block(rng: SampleRandom, colors: list[str]) -> tuple[list[str], list[int]]:
+    """A paragraph in the format of local_count (while ``colors`` has fresh colours, half the time) or local_pattern.
+
+    Args:
+        rng: random source.
+        colors: colours not yet used in the sequence; a count block takes its colours from the end.
+
+    Returns:
+        ``(words, supervised)``: the block, and the offsets in it of the tokens to supervise.
+    """
+    fillers = [filler_sentence(rng, rng.integer(6, 15)) for _ in range(rng.integer(0, 4))]
+    if len(colors) >= 3 and rng.fraction() < 0.5:
+        block_colors = [colors.pop() for _ in range(rng.integer(1, 3))]
+        counts = {color: rng.integer(1, 4) for color in block_colors}
+        segments = [["there", "is", "a", color, rng.choice(SHARED_NOUNS), "."] for color in block_colors
+                    for _ in range(counts[color])]
+        rng.shuffle(segments)
+        asked = rng.choice(block_colors)
+        question = f"question : how many times does the color {asked} appear in the last paragraph ?".split()
+        answer = [str(counts[asked])]
+        continued: list[int] = []
+    else:
+        period = rng.integer(2, 4)
+        cycle = rng.sample(VALUE_TOKENS, period)
+        shown = rng.integer(2 * period, 4 * period)
+        segments = [[SEQUENCE_MARKER, ":", *(cycle[i % period] for i in range(shown)), "."]]
+        question = "question : what are the next 1 items of the sequence ?".split()
+        answer = [cycle[shown % period]]
+        continued = list(range(2 + period, 2 + shown))  # offsets in the sequence segment
+    gaps = sorted(rng.below(len(fillers) + 1) for _ in segments)
+    words, supervised, cursor = [PARAGRAPH_MARKER], [], 0
+    for segment, gap in zip(segments, gaps):
+        for sentence in fillers[cursor:gap]:
+            words += sentence
+        cursor = gap
+        supervised += [len(words) + offset for offset in continued]
+        words += segment
+    for sentence in fillers[cursor:]:
+        words += sentence
+    supervised.append(len(words) + len(question))
+    return words + question + answer + ["."], supervised
 
 
 def suite_sequence(
@@ -396,6 +461,7 @@ class StepBatches(torch.utils.data.IterableDataset):
                 sequence = dense_needle_sequence(
                     rng, length, self.ids, self.args.dense_needle_rate, self.args.dense_query_rate,
                     self.args.dense_repeat_rate, self.args.dense_echo_rate, self.args.dense_chain_rate,
+                    self.args.dense_local_rate,
                 )
             rows.append(sequence[0])
             labels.append(sequence[1])

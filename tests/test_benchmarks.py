@@ -32,6 +32,7 @@ def test_layer_benchmark_smoke_run_on_cpu(tmp_path):
     assert result["device"] == "cpu" and result["command"]
     assert row["flex_max_error"] < 1e-4 and 0 < row["attended_block_fraction"] <= 1
     assert row["ideal_s"] == pytest.approx(row["dense_sdpa_s"] * row["attended_block_fraction"])
+    assert row["flex_pipelined_s"] > 0 and row["flex_pipelined_over_ideal"] > 0
 
 
 @pytest.mark.slow

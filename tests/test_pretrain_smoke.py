@@ -156,3 +156,50 @@ def test_echoed_needles_and_variable_chains_are_recoverable(pretrain) -> None:
             if source.startswith("x"):
                 assert first_assigned[source] < s
     assert min(kinds.values()) >= 5, kinds
+
+
+def test_local_blocks_are_recoverable(pretrain) -> None:
+    """Every supervised token of a local block follows from its own paragraph: colour counts and periodic items."""
+    tokenizer = pretrain.build_tokenizer()
+    ids = tokenizer.get_vocab()
+    words = {index: word for word, index in ids.items()}
+    kinds = {"count": 0, "next": 0, "continued": 0}
+    for seed in range(4):
+        input_ids, labels = pretrain.dense_needle_sequence(pretrain.SampleRandom(seed), 2039, ids, local_rate=0.05)
+        text = [words[i] for i in input_ids]
+        supervised = [t for t, label in enumerate(labels) if label != pretrain.IGNORE]
+        assert all(labels[t] == input_ids[t] for t in supervised)
+        for t in supervised:
+            if text[t - 2] == "ask":  # needle queries: test_dense_sequence_supervises_queried_values
+                continue
+            paragraph = max(s for s in range(t) if text[s] == "##")
+            if text[t - 1] == "?" and text[t - 2] == "paragraph":  # ... the color c appear in the last paragraph ? [n]
+                color = text[t - 7]
+                assert text[t - 8] == "color"
+                assert int(text[t]) == sum(text[s] == color for s in range(paragraph, t - 8)) >= 1
+                kinds["count"] += 1
+            elif text[t - 1] == "?":  # ... the next 1 items of the sequence ? [item]
+                start = max(s for s in range(paragraph, t) if text[s : s + 2] == ["sequence", ":"]) + 2
+                end = text.index(".", start)
+                items = text[start:end]
+                period = next(p for p in range(2, 5) if all(items[i] == items[i - p] for i in range(p, len(items))))
+                assert text[t] == items[len(items) - period]
+                kinds["next"] += 1
+            else:  # an item of the sequence from its second period on
+                start = max(s for s in range(paragraph, t) if text[s : s + 2] == ["sequence", ":"]) + 2
+                items = text[start:t]
+                assert any(text[t] == items[-p] and len(items) >= p for p in range(2, 5))
+                kinds["continued"] += 1
+        colors_in_questions = [text[t - 7] for t in supervised if text[t - 2] == "paragraph"]
+        assert len(colors_in_questions) == len(set(colors_in_questions))
+    assert min(kinds.values()) >= 5, kinds
+
+
+def test_zero_local_rate_keeps_the_default_stream(pretrain) -> None:
+    """``local_rate=0`` draws nothing extra: the shipped backbone's data stream is unchanged."""
+    ids = pretrain.build_tokenizer().get_vocab()
+    plain = pretrain.dense_needle_sequence(pretrain.SampleRandom(3), 700, ids, echo_rate=1.0, chain_rate=0.05)
+    zero = pretrain.dense_needle_sequence(
+        pretrain.SampleRandom(3), 700, ids, echo_rate=1.0, chain_rate=0.05, local_rate=0.0
+    )
+    assert plain == zero
