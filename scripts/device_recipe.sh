@@ -5,7 +5,8 @@
 # SET "search3" (default): the third session's five variants; "echo", "echo2", "echo3": the fourth session's runs
 # (needles that echo their key, --dense-echo-rate; head_dim 128; dense variable chains, --dense-chain-rate). echo3's
 # e_chain is the shipped tiny backbone, and its flags are now the script's defaults for the tiny preset. "local": the
-# fifth session's runs (dense local count and pattern blocks, --dense-local-rate).
+# fifth session's runs (dense local count and pattern blocks, --dense-local-rate); "local2": the same after the
+# short phase (--local-start-step).
 set -u
 SET=${1:-search3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
@@ -95,7 +96,17 @@ elif [ "$SET" = local ]; then
   wait
   for run in l_02 l_04; do tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
   tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
+elif [ "$SET" = local2 ]; then
+  # After "local": with local blocks from step 0 neither run learned key matching (dense accuracy 0.11). The blocks
+  # now start after the short phase (step 3500), whose data stream is then e_chain's; two runs per GPU.
+  run l2_03 0 --preset tiny --num-workers 7 --dense-local-rate 0.03 --local-start-step 3500
+  run l2_06 0 --preset tiny --num-workers 7 --dense-local-rate 0.06 --local-start-step 3500
+  run l2_03s1 1 --preset tiny --num-workers 7 --dense-local-rate 0.03 --local-start-step 3500 --seed 1
+  run l2_10 1 --preset tiny --num-workers 7 --dense-local-rate 0.10 --local-start-step 3500
+  wait
+  for run in l2_03 l2_06 l2_03s1 l2_10; do tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
+  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
 else
-  echo "unknown SET $SET (search3, echo, echo2, echo3 or local)" >&2; exit 2
+  echo "unknown SET $SET (search3, echo, echo2, echo3, local or local2)" >&2; exit 2
 fi
 ls -la "$OUT"

@@ -173,6 +173,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-chain-rate", type=float, default=0.05, help="variable assignments and reverse queries")
     parser.add_argument("--dense-local-rate", type=float, default=0.0,
                         help="local count / pattern blocks per segment, dense sequences")
+    parser.add_argument("--local-start-step", type=int, default=0,
+                        help="first step whose dense sequences hold local blocks (0: from the start)")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
     parser.add_argument("--qk-norm-init", type=float, default=1.0, help="initial query/key RMSNorm weight")
     for field in SHAPE_FIELDS:
@@ -461,7 +463,7 @@ class StepBatches(torch.utils.data.IterableDataset):
                 sequence = dense_needle_sequence(
                     rng, length, self.ids, self.args.dense_needle_rate, self.args.dense_query_rate,
                     self.args.dense_repeat_rate, self.args.dense_echo_rate, self.args.dense_chain_rate,
-                    self.args.dense_local_rate,
+                    self.args.dense_local_rate if step >= self.args.local_start_step else 0.0,
                 )
             rows.append(sequence[0])
             labels.append(sequence[1])
