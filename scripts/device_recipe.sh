@@ -6,7 +6,7 @@
 # (needles that echo their key, --dense-echo-rate; head_dim 128; dense variable chains, --dense-chain-rate). echo3's
 # e_chain is the shipped tiny backbone, and its flags are now the script's defaults for the tiny preset. "local": the
 # fifth session's runs (dense local count and pattern blocks, --dense-local-rate); "local2": the same after the
-# short phase (--local-start-step).
+# short phase (--local-start-step); "local3": one run alone per GPU.
 set -u
 SET=${1:-search3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
@@ -106,7 +106,15 @@ elif [ "$SET" = local2 ]; then
   wait
   for run in l2_03 l2_06 l2_03s1 l2_10; do tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
   tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
+elif [ "$SET" = local3 ]; then
+  # After local2: rate 0.10 kept key matching and gave local_pattern 1.000 but local_count 0.458 (sharing a GPU).
+  # One run alone per GPU (more steps in the same 430 s): rate 0.10 again, and 0.20.
+  run l3_10 0 --preset tiny --num-workers 14 --dense-local-rate 0.10 --local-start-step 3500
+  run l3_20 1 --preset tiny --num-workers 14 --dense-local-rate 0.20 --local-start-step 3500
+  wait
+  for run in l3_10 l3_20; do tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
+  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
 else
-  echo "unknown SET $SET (search3, echo, echo2, echo3, local or local2)" >&2; exit 2
+  echo "unknown SET $SET (search3, echo, echo2, echo3, local, local2 or local3)" >&2; exit 2
 fi
 ls -la "$OUT"

@@ -9,6 +9,7 @@
 #      Issue 7: small-backbone router training with packs of 32768 tokens (four times the earlier runs') on one GPU
 #      with the other idle, then FSDP2 on two GPUs (reshard after forward on, then off); routers compared.
 #   4. OUT=$OUT bash scripts/device_session5.sh local2   (issue 3: scripts/device_recipe.sh local2, four runs)
+#   5. OUT=$OUT bash scripts/device_session5.sh local3   (issue 3: scripts/device_recipe.sh local3, two runs)
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 start=$(date +%s)
@@ -41,10 +42,10 @@ elif [ "$MODE" = scaling ]; then
   for other in p2 p3; do python3 scripts/compare_routers.py /tmp/p1 /tmp/$other --out "$R/compare_p1_$other.json"; done
   for run in p1 p2 p3; do cp /tmp/$run/summary.json "$R/summary_$run.json" 2>/dev/null; done
   tar -C /tmp -czf "$OUT/scaling.tgz" session5
-elif [ "$MODE" = local2 ]; then
-  OUT=$OUT bash scripts/device_recipe.sh local2
+elif [ "$MODE" = local2 ] || [ "$MODE" = local3 ]; then
+  OUT=$OUT bash scripts/device_recipe.sh "$MODE"
 else
-  echo "unknown mode $MODE (tests, scaling or local2)" >&2; exit 2
+  echo "unknown mode $MODE (tests, scaling, local2 or local3)" >&2; exit 2
 fi
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"
