@@ -77,8 +77,10 @@ from elastic_attention.evaluation.tasks import (
     SENSITIVE_TASKS,
     TASKS,
     SampleRandom,
+    count_question,
     filler_sentence,
     generate,
+    pattern_question,
     score,
 )
 from elastic_attention.evaluation.vocabulary import (
@@ -389,7 +391,7 @@ def local_block(rng: SampleRandom, colors: list[str]) -> tuple[list[str], list[i
                     for _ in range(counts[color])]
         rng.shuffle(segments)
         asked = rng.choice(block_colors)
-        question = f"question : how many times does the color {asked} appear in the last paragraph ?".split()
+        question = count_question(asked).split()
         answer = [str(counts[asked])]
         continued: list[int] = []
     else:
@@ -397,7 +399,7 @@ def local_block(rng: SampleRandom, colors: list[str]) -> tuple[list[str], list[i
         cycle = rng.sample(VALUE_TOKENS, period)
         shown = rng.integer(2 * period, 4 * period)
         segments = [[SEQUENCE_MARKER, ":", *(cycle[i % period] for i in range(shown)), "."]]
-        question = "question : what are the next 1 items of the sequence ?".split()
+        question = pattern_question(1).split()
         answer = [cycle[shown % period]]
         continued = list(range(2 + period, 2 + shown))  # offsets in the sequence segment
     gaps = sorted(rng.below(len(fillers) + 1) for _ in segments)

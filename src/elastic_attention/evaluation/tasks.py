@@ -89,6 +89,7 @@ __all__ = [
     "TASKS",
     "SampleRandom",
     "TaskRow",
+    "count_question",
     "filler_paragraph",
     "filler_sentence",
     "generate",
@@ -99,6 +100,7 @@ __all__ = [
     "local_pattern",
     "local_recall",
     "normalize_answer",
+    "pattern_question",
     "prompt_tokens",
     "sample_seed",
     "score",
@@ -684,6 +686,16 @@ def local_recall(length: int, seed: int, *, num_distractors: int = 2) -> TaskRow
     return _row("local_recall", length, seed, instruction, question, value, context, layout, {"key": key})
 
 
+def pattern_question(num_items: int) -> str:
+    """The question of local_pattern."""
+    return f"question : what are the next {num_items} items of the sequence ?"
+
+
+def count_question(color: str) -> str:
+    """The question of local_count."""
+    return f"question : how many times does the color {color} appear in the last paragraph ?"
+
+
 def local_pattern(
     length: int, seed: int, *, num_items: int = 1, period: int | None = None, num_distractors: int = 2
 ) -> TaskRow:
@@ -713,7 +725,7 @@ def local_pattern(
     answer = " ".join(cycle[(shown + j) % period] for j in range(num_items))
     distractors = _distractor_needles(rng, num_distractors, [], cycle)
     instruction = INSTRUCTIONS["local_pattern"]
-    question = f"question : what are the next {num_items} items of the sequence ?"
+    question = pattern_question(num_items)
     local = [[SEQUENCE_MARKER, ":", *items, "."]]
     context, layout = _robust_context(rng, "local_pattern", length, instruction, question, local, distractors)
     return _row("local_pattern", length, seed, instruction, question, answer, context, layout, {"cycle": cycle})
@@ -745,7 +757,7 @@ def local_count(
     rng.shuffle(local)
     distractors = _distractor_needles(rng, num_distractors, [], [])
     instruction = INSTRUCTIONS["local_count"]
-    question = f"question : how many times does the color {colors[0]} appear in the last paragraph ?"
+    question = count_question(colors[0])
     context, layout = _robust_context(rng, "local_count", length, instruction, question, local, distractors)
     layout["offsets"] = [offset for offset, words in zip(layout["offsets"], local, strict=True) if words[3] == colors[0]]
     answer = str(counts[colors[0]])
