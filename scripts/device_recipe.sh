@@ -4,7 +4,7 @@
 #   OUT=out bash scripts/device_recipe.sh [SET]    (from the repository root; results under $OUT)
 # SET "search3" (default): the third session's five variants; "echo", "echo2", "echo3": the fourth session's runs
 # (needles that echo their key, --dense-echo-rate; head_dim 128; dense variable chains, --dense-chain-rate). echo3's
-# e_chain is the shipped tiny backbone, and its flags are now the script's defaults for the tiny preset. "local": the
+# e_chain was the shipped tiny backbone until "local3"'s l3_20, whose flags are the script's defaults now. "local": the
 # fifth session's runs (dense local count and pattern blocks, --dense-local-rate); "local2": the same after the
 # short phase (--local-start-step); "local3": one run alone per GPU.
 set -u
@@ -33,9 +33,10 @@ PY
   tar -C "$W" -cf - small_e | split -b 15m - "$OUT/small_e.tar.part-"
   tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
 }
-# The script's defaults before the echo recipe became the default (sets search3, echo and echo2 ran with them).
+# The script's defaults before the echo recipe became the default (sets search3, echo and echo2 ran with them; none
+# of the sets before "local" had local blocks, --dense-local-rate 0).
 OLD_TINY="--head-dim 64 --lr 2e-3"
-OLD_DATA="--dense-echo-rate 0 --dense-chain-rate 0"
+OLD_DATA="--dense-echo-rate 0 --dense-chain-rate 0 --dense-local-rate 0"
 OLD_STEPS="--tokens-per-step 65536 --length-warmup-steps 300 --suite-start-step 0"
 if [ "$SET" = search3 ]; then
   T="--preset tiny --max-len 2048 --max-seconds 420 $OLD_TINY $OLD_DATA $OLD_STEPS"
@@ -60,7 +61,8 @@ elif [ "$SET" = echo ]; then
   run e_plain  0 $T --length-warmup-steps 8000 --suite-start-step 8000
   run e_short  1 $T --length-warmup-steps 3000 --suite-start-step 3000 --dense-echo-rate 1.0
   run small_e  1 --preset small --max-len 4096 --max-seconds 430 --tokens-per-step 32768 --warmup-len 256 \
-    --length-warmup-steps 4000 --suite-start-step 4000 --dense-echo-rate 1.0 --dense-chain-rate 0 --num-workers 7
+    --length-warmup-steps 4000 --suite-start-step 4000 --dense-echo-rate 1.0 --dense-chain-rate 0 \
+    --dense-local-rate 0 --num-workers 7
   wait
   collect
 elif [ "$SET" = echo2 ]; then
@@ -68,8 +70,9 @@ elif [ "$SET" = echo2 ]; then
   # the tiny ones did not. The small run alone on GPU 0 with the length curriculum after its transition; two tiny
   # variants on GPU 1 with the small run's learning rate and batch, one of them with head_dim 128.
   run small_e 0 --preset small --max-len 4096 --max-seconds 440 --tokens-per-step 32768 --warmup-len 256 \
-    --length-warmup-steps 3000 --suite-start-step 3000 --dense-echo-rate 1.0 --dense-chain-rate 0 --num-workers 12
-  T="--preset tiny --head-dim 64 --dense-chain-rate 0 --max-len 2048 --max-seconds 430 --lr 1e-3
+    --length-warmup-steps 3000 --suite-start-step 3000 --dense-echo-rate 1.0 --dense-chain-rate 0 \
+    --dense-local-rate 0 --num-workers 12
+  T="--preset tiny --head-dim 64 --dense-chain-rate 0 --dense-local-rate 0 --max-len 2048 --max-seconds 430 --lr 1e-3
     --tokens-per-step 32768 --warmup-len 256 --length-warmup-steps 3500 --suite-start-step 3500 --dense-echo-rate 1.0
     --num-workers 8"
   run e_lr    1 $T
@@ -80,19 +83,20 @@ elif [ "$SET" = echo3 ]; then
   # After echo2: tiny with head_dim 128 learned key matching (step ~1000). Again with another seed, and with dense
   # variable assignments and reverse queries (one hop of variable_tracking); small with a longer 256-token phase.
   run small_e 0 --preset small --max-len 4096 --max-seconds 430 --tokens-per-step 32768 --warmup-len 256 \
-    --length-warmup-steps 4000 --suite-start-step 4000 --dense-echo-rate 1.0 --dense-chain-rate 0.05 --num-workers 12
-  T="--preset tiny --head-dim 128 --max-len 2048 --max-seconds 430 --lr 1e-3 --tokens-per-step 32768
-    --warmup-len 256 --length-warmup-steps 3500 --suite-start-step 3500 --dense-echo-rate 1.0 --num-workers 8"
+    --length-warmup-steps 4000 --suite-start-step 4000 --dense-echo-rate 1.0 --dense-chain-rate 0.05 \
+    --dense-local-rate 0 --num-workers 12
+  T="--preset tiny --head-dim 128 --dense-local-rate 0 --max-len 2048 --max-seconds 430 --lr 1e-3
+    --tokens-per-step 32768 --warmup-len 256 --length-warmup-steps 3500 --suite-start-step 3500 --dense-echo-rate 1.0 --num-workers 8"
   run e_seed1 1 $T --seed 1 --dense-chain-rate 0
   run e_chain 1 $T --dense-chain-rate 0.05
   wait
   collect
   for run in e_seed1 e_chain; do [ -e "$OUT/best_tiny_$run.tgz" ] || tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
 elif [ "$SET" = local ]; then
-  # Fifth session (2026-11-30): the shipped recipe (the script's defaults, e_chain) with dense local count and
-  # pattern blocks (--dense-local-rate) at two rates, both runs on GPU 1 (scripts/device_session5.sh uses GPU 0).
-  run l_02 1 --preset tiny --num-workers 8 --dense-local-rate 0.02
-  run l_04 1 --preset tiny --num-workers 8 --dense-local-rate 0.04
+  # Fifth session (2026-11-30): e_chain's recipe with dense local count and pattern blocks from step 0 at two
+  # rates, both runs on GPU 1 (scripts/device_session5.sh uses GPU 0).
+  run l_02 1 --preset tiny --num-workers 8 --dense-local-rate 0.02 --local-start-step 0
+  run l_04 1 --preset tiny --num-workers 8 --dense-local-rate 0.04 --local-start-step 0
   wait
   for run in l_02 l_04; do tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
   tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)

@@ -17,16 +17,16 @@ Commands (one H200; the repository root as working directory):
     PYTHONPATH=src python scripts/pretrain_backbone.py --preset tiny --max-steps 2 --max-len 256 --device cpu \
         --out /tmp/backbone-smoke
 
-The shipped tiny backbone (``src/elastic_attention/assets/backbone_tiny``) is the run ``e_chain`` of
-``OUT=$OUT bash scripts/device_recipe.sh echo3`` (2026-11-29, two H200s, two runs sharing each GPU): these defaults
-with ``--num-workers 8 --eval-samples 24``, 8067 steps, 263M tokens in 430 s; key matching formed at about step 700.
-Its own evaluation at 2048 tokens (24 rows per task, full attention): needle_single, needle_multikey,
-needle_multivalue, variable_tracking and local_recall 1.000, local_pattern 0.667, local_count 0.417; the dense
-key-matching queries 0.840. The same recipe without dense chains and with another seed: variable_tracking 0.000,
-local_pattern 0.958. Every run and what did not work (head_dim 64, no echo, longer short phases):
-``benchmarks/results/backbones_2026-11-29.md``. Runs before the echo recipe used other defaults (tiny head_dim 64,
-lr 2e-3, 4096 tokens, 300 s; 65536 tokens per step; a 300-step length warm-up; suite rows from step 0; no echo and
-no chains); ``scripts/device_recipe.sh`` names them for the sets that used them.
+The shipped tiny backbone (``src/elastic_attention/assets/backbone_tiny``) is the run ``l3_20`` of
+``OUT=$OUT bash scripts/device_recipe.sh local3`` (2026-11-30, two H200s, one run alone on each): these defaults with
+``--num-workers 14 --eval-samples 24``, 14492 steps, 471M tokens in 430 s (433 s in all). Its own evaluation at 2048
+tokens (24 rows per task, full attention): needle_single, needle_multikey, needle_multivalue, local_recall and
+local_pattern 1.000, variable_tracking 0.958, local_count 0.542; the dense key-matching queries 0.962. Every run and
+what did not work (head_dim 64, no echo, longer short phases, local blocks from step 0):
+``benchmarks/results/backbones_2026-11-29.md`` and ``backbones_2026-11-30.md``. Earlier sets used other defaults,
+which ``scripts/device_recipe.sh`` names for the sets that used them: before the echo recipe tiny head_dim 64, lr
+2e-3, 4096 tokens, 300 s, 65536 tokens per step, a 300-step length warm-up, suite rows from step 0, no echo and no
+chains; before the fifth session no local blocks.
 
 What it does:
 
@@ -36,8 +36,9 @@ What it does:
   suite row in the evaluation format (chat template, task drawn uniformly, prompt of ``L - 16`` tokens, loss on the
   answer and ``<eos>``, right-padded with ``<pad>``) or else a dense needle sequence (filler, ``remember k v k .``
   needles with fresh keys and the echoed key supervised, ``ask k v .`` queries of earlier needles, variable
-  assignments and ``hold s t .`` reverse queries, loss on every queried value), the dense supervision EVIDENCE.md
-  recommends. Suite rows start after the short phase (``--suite-start-step``). All sequences of a step have the
+  assignments and ``hold s t .`` reverse queries, local count and pattern paragraphs with their suite questions,
+  loss on every queried value), the dense supervision EVIDENCE.md recommends. Suite rows and local paragraphs start
+  after the short phase (``--suite-start-step``, ``--local-start-step``). All sequences of a step have the
   same length, so there is no packing and no attention mask: right padding sits after every supervised token, which
   causal attention never lets earlier positions see. The loss is the mean of the suite-answer loss and the dense-query loss (each a per-token mean), so
   the few suite-answer tokens are not drowned by the many dense ones.
@@ -173,10 +174,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-repeat-rate", type=float, default=0.0, help="rate of random copy spans in dense sequences")
     parser.add_argument("--dense-echo-rate", type=float, default=1.0, help="share of dense needles that echo their key")
     parser.add_argument("--dense-chain-rate", type=float, default=0.05, help="variable assignments and reverse queries")
-    parser.add_argument("--dense-local-rate", type=float, default=0.0,
+    parser.add_argument("--dense-local-rate", type=float, default=0.2,
                         help="local count / pattern blocks per segment, dense sequences")
-    parser.add_argument("--local-start-step", type=int, default=0,
-                        help="first step whose dense sequences hold local blocks (0: from the start)")
+    parser.add_argument("--local-start-step", type=int, default=None,
+                        help="first step whose dense sequences hold local blocks (default: the preset's short phase)")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
     parser.add_argument("--qk-norm-init", type=float, default=1.0, help="initial query/key RMSNorm weight")
     for field in SHAPE_FIELDS:
@@ -213,7 +214,7 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     args.max_seconds = preset.max_seconds if args.max_seconds is None else args.max_seconds
     args.lr = args.lr or preset.lr
     args.tokens_per_step = args.tokens_per_step or (32768 if on_cuda else 2048)
-    for name in ("length_warmup_steps", "suite_start_step"):
+    for name in ("length_warmup_steps", "suite_start_step", "local_start_step"):
         if getattr(args, name) is None:
             setattr(args, name, preset.short_phase_steps)
     if args.num_workers is None:
