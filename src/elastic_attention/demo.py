@@ -5,7 +5,7 @@ elastic (the trained routers), a static hybrid with the same average MSR (the to
 full attention) and all sparse; at the training length and at twice it. It prints the table and writes the plots.
 
 The demo uses the two suite tasks the shipped backbone solves under full attention (see
-benchmarks/results/backbones_2026-11-29.md): ``needle_single`` (sparsity-sensitive) and ``local_recall``
+benchmarks/results/backbones_2026-11-30.md): ``needle_single`` (sparsity-sensitive) and ``local_recall``
 (sparsity-robust).
 """
 
