@@ -19,6 +19,9 @@ run() {  # run NAME GPU ARGS...
   CUDA_VISIBLE_DEVICES=$gpu timeout 560 python3 scripts/pretrain_backbone.py --out "$W/$name" --num-workers 4 \
     --eval-samples 24 "$@" > "$W/$name.log" 2>&1 &  # a later --num-workers wins
 }
+pack_logs() {  # the logs and the summaries of every run
+  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
+}
 collect() {  # the logs, the summaries, the best tiny run (by sensitive mean, then key matching) and the small run
   best=$(python3 - "$W" <<'PY'
 import json, pathlib, sys
@@ -31,7 +34,11 @@ PY
 )
   [ -n "$best" ] && tar -C "$W" -czf "$OUT/best_tiny_$best.tgz" "$best"
   tar -C "$W" -cf - small_e | split -b 15m - "$OUT/small_e.tar.part-"
-  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
+  pack_logs
+}
+pack_runs() {  # pack_runs NAME...: each run's folder, then the logs
+  for name in "$@"; do tar -C "$W" -czf "$OUT/tiny_$name.tgz" "$name"; done
+  pack_logs
 }
 # The script's defaults before the echo recipe became the default (sets search3, echo and echo2 ran with them; none
 # of the sets before "local" had local blocks, --dense-local-rate 0).
@@ -98,8 +105,7 @@ elif [ "$SET" = local ]; then
   run l_02 1 --preset tiny --num-workers 8 --dense-local-rate 0.02 --local-start-step 0
   run l_04 1 --preset tiny --num-workers 8 --dense-local-rate 0.04 --local-start-step 0
   wait
-  for run in l_02 l_04; do tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
-  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
+  pack_runs l_02 l_04
 elif [ "$SET" = local2 ]; then
   # After "local": with local blocks from step 0 neither run learned key matching (dense accuracy 0.11). The blocks
   # now start after the short phase (step 3500), whose data stream is then e_chain's; two runs per GPU.
@@ -108,16 +114,14 @@ elif [ "$SET" = local2 ]; then
   run l2_03s1 1 --preset tiny --num-workers 7 --dense-local-rate 0.03 --local-start-step 3500 --seed 1
   run l2_10 1 --preset tiny --num-workers 7 --dense-local-rate 0.10 --local-start-step 3500
   wait
-  for run in l2_03 l2_06 l2_03s1 l2_10; do tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
-  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
+  pack_runs l2_03 l2_06 l2_03s1 l2_10
 elif [ "$SET" = local3 ]; then
   # After local2: rate 0.10 kept key matching and gave local_pattern 1.000 but local_count 0.458 (sharing a GPU).
   # One run alone per GPU (more steps in the same 430 s): rate 0.10 again, and 0.20.
   run l3_10 0 --preset tiny --num-workers 14 --dense-local-rate 0.10 --local-start-step 3500
   run l3_20 1 --preset tiny --num-workers 14 --dense-local-rate 0.20 --local-start-step 3500
   wait
-  for run in l3_10 l3_20; do tar -C "$W" -czf "$OUT/tiny_$run.tgz" "$run"; done
-  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json)
+  pack_runs l3_10 l3_20
 else
   echo "unknown SET $SET (search3, echo, echo2, echo3, local, local2 or local3)" >&2; exit 2
 fi
