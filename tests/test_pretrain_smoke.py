@@ -27,6 +27,17 @@ def pretrain():
         sys.modules.pop(spec.name, None)
 
 
+def dense_words(pretrain, seed: int, length: int, **rates) -> tuple[list[str], list[int]]:
+    """A dense pretraining sequence as words, and its supervised positions (each labelled with its own token)."""
+    ids = pretrain.build_tokenizer().get_vocab()
+    words = {index: word for word, index in ids.items()}
+    input_ids, labels = pretrain.dense_needle_sequence(pretrain.SampleRandom(seed), length, ids, **rates)
+    assert len(input_ids) == len(labels) == length
+    supervised = [t for t, label in enumerate(labels) if label != pretrain.IGNORE]
+    assert all(labels[t] == input_ids[t] for t in supervised)
+    return [words[i] for i in input_ids], supervised
+
+
 @pytest.fixture()
 def one_thread():
     # Two intra-op threads on a two-vCPU VM are often several times slower than one for this tiny model.
@@ -89,14 +100,8 @@ def test_length_curriculum(pretrain) -> None:
 
 
 def test_dense_sequence_supervises_queried_values(pretrain) -> None:
-    tokenizer = pretrain.build_tokenizer()
-    ids = tokenizer.get_vocab()
-    words = {index: word for word, index in ids.items()}
-    input_ids, labels = pretrain.dense_needle_sequence(pretrain.SampleRandom(0), 2048, ids, echo_rate=0.0)
-    assert len(input_ids) == len(labels) == 2048
-    supervised = [t for t, label in enumerate(labels) if label != pretrain.IGNORE]
+    text, supervised = dense_words(pretrain, 0, 2048, echo_rate=0.0)
     assert len(supervised) > 20
-    text = [words[i] for i in input_ids]
     for t in supervised:
         assert text[t - 2] == "ask" and text[t].startswith("v")
         key, value = text[t - 1], text[t]
@@ -105,12 +110,8 @@ def test_dense_sequence_supervises_queried_values(pretrain) -> None:
 
 
 def test_dense_sequence_repeats_supervise_copied_spans(pretrain) -> None:
-    tokenizer = pretrain.build_tokenizer()
-    ids = tokenizer.get_vocab()
-    words = {index: word for word, index in ids.items()}
-    input_ids, labels = pretrain.dense_needle_sequence(pretrain.SampleRandom(1), 1024, ids, repeat_rate=0.25)
-    text = [words[i] for i in input_ids]
-    copied = [t for t, label in enumerate(labels) if label != pretrain.IGNORE and text[t - 2] != "ask"]
+    text, supervised = dense_words(pretrain, 1, 1024, repeat_rate=0.25)
+    copied = [t for t in supervised if text[t - 2] != "ask"]
     assert len(copied) > 20
     joined = " ".join(text)
     for t in copied:
@@ -120,18 +121,9 @@ def test_dense_sequence_repeats_supervise_copied_spans(pretrain) -> None:
 
 def test_echoed_needles_and_variable_chains_are_recoverable(pretrain) -> None:
     """Every supervised token of the echo-and-chain recipe follows from earlier tokens by a slow parse."""
-    tokenizer = pretrain.build_tokenizer()
-    ids = tokenizer.get_vocab()
-    words = {index: word for word, index in ids.items()}
     kinds = {"echo": 0, "ask": 0, "hold": 0, "echoed_target": 0}
     for seed in range(4):
-        input_ids, labels = pretrain.dense_needle_sequence(
-            pretrain.SampleRandom(seed), 1531, ids, echo_rate=1.0, chain_rate=0.1
-        )
-        assert len(input_ids) == len(labels) == 1531
-        text = [words[i] for i in input_ids]
-        supervised = [t for t, label in enumerate(labels) if label != pretrain.IGNORE]
-        assert all(labels[t] == input_ids[t] for t in supervised)
+        text, supervised = dense_words(pretrain, seed, 1531, echo_rate=1.0, chain_rate=0.1)
         for t in supervised:
             if text[t - 3] == "remember":  # remember k v [k]
                 assert text[t] == text[t - 2] and text[t].startswith("k")
@@ -160,15 +152,9 @@ def test_echoed_needles_and_variable_chains_are_recoverable(pretrain) -> None:
 
 def test_local_blocks_are_recoverable(pretrain) -> None:
     """Every supervised token of a local block follows from its own paragraph: colour counts and periodic items."""
-    tokenizer = pretrain.build_tokenizer()
-    ids = tokenizer.get_vocab()
-    words = {index: word for word, index in ids.items()}
     kinds = {"count": 0, "next": 0, "continued": 0}
     for seed in range(4):
-        input_ids, labels = pretrain.dense_needle_sequence(pretrain.SampleRandom(seed), 2039, ids, local_rate=0.05)
-        text = [words[i] for i in input_ids]
-        supervised = [t for t, label in enumerate(labels) if label != pretrain.IGNORE]
-        assert all(labels[t] == input_ids[t] for t in supervised)
+        text, supervised = dense_words(pretrain, seed, 2039, local_rate=0.05)
         for t in supervised:
             if text[t - 2] == "ask":  # needle queries: test_dense_sequence_supervises_queried_values
                 continue
@@ -188,7 +174,7 @@ def test_local_blocks_are_recoverable(pretrain) -> None:
             else:  # an item of the sequence from its second period on
                 start = max(s for s in range(paragraph, t) if text[s : s + 2] == ["sequence", ":"]) + 2
                 items = text[start:t]
-                assert any(text[t] == items[-p] and len(items) >= p for p in range(2, 5))
+                assert any(len(items) >= p and text[t] == items[-p] for p in range(2, 5))
                 kinds["continued"] += 1
         colors_in_questions = [text[t - 7] for t in supervised if text[t - 2] == "paragraph"]
         assert len(colors_in_questions) == len(set(colors_in_questions))
@@ -196,7 +182,7 @@ def test_local_blocks_are_recoverable(pretrain) -> None:
 
 
 def test_zero_local_rate_keeps_the_default_stream(pretrain) -> None:
-    """``local_rate=0`` draws nothing extra: the shipped backbone's data stream is unchanged."""
+    """``local_rate=0`` draws nothing extra: the runs before local blocks keep the data stream they were trained on."""
     ids = pretrain.build_tokenizer().get_vocab()
     plain = pretrain.dense_needle_sequence(pretrain.SampleRandom(3), 700, ids, echo_rate=1.0, chain_rate=0.05)
     zero = pretrain.dense_needle_sequence(
