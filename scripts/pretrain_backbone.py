@@ -19,7 +19,7 @@ Commands (one H200; the repository root as working directory):
 
 The shipped tiny backbone (``src/elastic_attention/assets/backbone_tiny``) is the run ``l3_20`` of
 ``OUT=$OUT bash scripts/device_recipe.sh local3`` (2026-11-30, two H200s, one run alone on each): these defaults with
-``--num-workers 14 --eval-samples 24``, 14492 steps, 471M tokens in 430 s (433 s in all). Its own evaluation at 2048
+``--num-workers 14 --eval-samples 24 --count-questions one``, 14492 steps, 471M tokens in 430 s (433 s in all). Its own evaluation at 2048
 tokens (24 rows per task, full attention): needle_single, needle_multikey, needle_multivalue, local_recall and
 local_pattern 1.000, variable_tracking 0.958, local_count 0.542; the dense key-matching queries 0.962. Every run and
 what did not work (head_dim 64, no echo, longer short phases, local blocks from step 0):
@@ -176,6 +176,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-chain-rate", type=float, default=0.05, help="variable assignments and reverse queries")
     parser.add_argument("--dense-local-rate", type=float, default=0.2,
                         help="local count / pattern blocks per segment, dense sequences")
+    parser.add_argument("--count-questions", choices=("one", "every"), default="every",
+                        help="a dense count block asks about one of its colours or about each in turn")
     parser.add_argument("--local-start-step", type=int, default=None,
                         help="first step whose dense sequences hold local blocks (default: the preset's short phase)")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
@@ -261,6 +263,7 @@ def dense_needle_sequence(
     echo_rate: float = 0.0,
     chain_rate: float = 0.0,
     local_rate: float = 0.0,
+    ask_every_color: bool = False,
 ) -> tuple[list[int], list[int]]:
     """Filler with many needles and inline queries; every queried value is supervised.
 
@@ -298,6 +301,7 @@ def dense_needle_sequence(
         echo_rate: probability that a needle repeats its key after the value (the repeat is supervised).
         chain_rate: probability that a segment is a variable assignment, and again that it is a reverse query.
         local_rate: probability that a segment is a local count or pattern block.
+        ask_every_color: a count block asks about each of its colours (see :func:`local_block`).
 
     Returns:
         ``(input_ids, labels)``, each ``length`` long; labels are ``IGNORE`` except at queried values and
@@ -349,7 +353,7 @@ def dense_needle_sequence(
             supervised.append(len(words) + 2)
             words += [CHAIN_QUERY_MARKER, source, target, "."]
         elif local_rate > 0 and draw < needle_rate + query_rate + 2 * chain_rate + local_rate:
-            block, answers = local_block(rng, colors)
+            block, answers = local_block(rng, colors, ask_every_color)
             supervised += [len(words) + offset for offset in answers]
             words += block
         else:
@@ -374,12 +378,15 @@ def dense_needle_sequence(
     return input_ids, labels
 
 
-def local_block(rng: SampleRandom, colors: list[str]) -> tuple[list[str], list[int]]:
+def local_block(rng: SampleRandom, colors: list[str], ask_every_color: bool = False) -> tuple[list[str], list[int]]:
     """A paragraph in the format of local_count (while ``colors`` has fresh colours, half the time) or local_pattern.
 
     Args:
         rng: random source.
         colors: colours not yet used in the sequence; a count block takes its colours from the end.
+        ask_every_color: a count block asks the count of each of its colours in turn (question, answer, ``.``), not
+            of one: questions about different colours over the same sentences can only be told apart by matching
+            the asked colour, which counting all colour sentences does not.
 
     Returns:
         ``(words, supervised)``: the block, and the offsets in it of the tokens to supervise.
@@ -391,17 +398,19 @@ def local_block(rng: SampleRandom, colors: list[str]) -> tuple[list[str], list[i
         segments = [["there", "is", "a", color, rng.choice(SHARED_NOUNS), "."] for color in block_colors
                     for _ in range(counts[color])]
         rng.shuffle(segments)
-        asked = rng.choice(block_colors)
-        question = count_question(asked).split()
-        answer = [str(counts[asked])]
+        if ask_every_color:
+            asked_colors = list(block_colors)
+            rng.shuffle(asked_colors)
+        else:
+            asked_colors = [rng.choice(block_colors)]
+        questions = [count_question(color).split() + [str(counts[color]), "."] for color in asked_colors]
         continued: list[int] = []
     else:
         period = rng.integer(2, 4)
         cycle = rng.sample(VALUE_TOKENS, period)
         shown = rng.integer(2 * period, 4 * period)
         segments = [[SEQUENCE_MARKER, ":", *(cycle[i % period] for i in range(shown)), "."]]
-        question = pattern_question(1).split()
-        answer = [cycle[shown % period]]
+        questions = [pattern_question(1).split() + [cycle[shown % period], "."]]
         continued = list(range(2 + period, 2 + shown))  # offsets in the sequence segment
     gaps = sorted(rng.below(len(fillers) + 1) for _ in segments)
     words, supervised, cursor = [PARAGRAPH_MARKER], [], 0
@@ -413,8 +422,10 @@ def local_block(rng: SampleRandom, colors: list[str]) -> tuple[list[str], list[i
         words += segment
     for sentence in fillers[cursor:]:
         words += sentence
-    supervised.append(len(words) + len(question))
-    return words + question + answer + ["."], supervised
+    for question in questions:
+        supervised.append(len(words) + len(question) - 2)
+        words += question
+    return words, supervised
 
 
 def suite_sequence(
@@ -467,6 +478,7 @@ class StepBatches(torch.utils.data.IterableDataset):
                     rng, length, self.ids, self.args.dense_needle_rate, self.args.dense_query_rate,
                     self.args.dense_repeat_rate, self.args.dense_echo_rate, self.args.dense_chain_rate,
                     self.args.dense_local_rate if step >= self.args.local_start_step else 0.0,
+                    self.args.count_questions == "every",
                 )
             rows.append(sequence[0])
             labels.append(sequence[1])

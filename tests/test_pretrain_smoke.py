@@ -150,11 +150,13 @@ def test_echoed_needles_and_variable_chains_are_recoverable(pretrain) -> None:
     assert min(kinds.values()) >= 5, kinds
 
 
-def test_local_blocks_are_recoverable(pretrain) -> None:
+@pytest.mark.parametrize("ask_every_color", [False, True])
+def test_local_blocks_are_recoverable(pretrain, ask_every_color: bool) -> None:
     """Every supervised token of a local block follows from its own paragraph: colour counts and periodic items."""
     kinds = {"count": 0, "next": 0, "continued": 0}
     for seed in range(4):
-        text, supervised = dense_words(pretrain, seed, 2039, local_rate=0.05)
+        text, supervised = dense_words(pretrain, seed, 2039, local_rate=0.05, ask_every_color=ask_every_color)
+        asked_by_paragraph: dict[int, list[str]] = {}
         for t in supervised:
             if text[t - 2] == "ask":  # needle queries: test_dense_sequence_supervises_queried_values
                 continue
@@ -163,6 +165,7 @@ def test_local_blocks_are_recoverable(pretrain) -> None:
                 color = text[t - 7]
                 assert text[t - 8] == "color"
                 assert int(text[t]) == sum(text[s] == color for s in range(paragraph, t - 8)) >= 1
+                asked_by_paragraph.setdefault(paragraph, []).append(color)
                 kinds["count"] += 1
             elif text[t - 1] == "?":  # ... the next 1 items of the sequence ? [item]
                 start = max(s for s in range(paragraph, t) if text[s : s + 2] == ["sequence", ":"]) + 2
@@ -178,6 +181,10 @@ def test_local_blocks_are_recoverable(pretrain) -> None:
                 kinds["continued"] += 1
         colors_in_questions = [text[t - 7] for t in supervised if text[t - 2] == "paragraph"]
         assert len(colors_in_questions) == len(set(colors_in_questions))
+        for paragraph, asked in asked_by_paragraph.items():  # one question, or one per colour of the block
+            end = text.index("question", paragraph)
+            shown = {text[s + 3] for s in range(paragraph, end) if text[s : s + 3] == ["there", "is", "a"]}
+            assert set(asked) == shown if ask_every_color else len(asked) == 1 and asked[0] in shown
     assert min(kinds.values()) >= 5, kinds
 
 
