@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Sixth device session (2026-11-30), nvidia-h200-x2:
+#   1. OUT=$OUT bash scripts/device_recipe.sh count      (issue 3: two tiny seeds and the small preset)
+#   2. carry artifacts/backbone-small (run small_c of call 1): OUT=$OUT bash scripts/device_session6.sh small
+#      GPU 0: the small backbone's table of issue 3 (full and all-SSA, every task, at 4096 and 8192 tokens).
+#      GPU 1: issue 4 item 7 on the small backbone: routers trained with configs/small_finding.yaml, then full,
+#      elastic, static hybrid at elastic's MSR and all sparse at 4096 and 8192 tokens.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
+start=$(date +%s)
+R=/tmp/session6; mkdir -p "$R"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$R/gpu.txt"
+MODE=${1:-small}
+cli="python3 -m elastic_attention.cli"
+if [ "$MODE" = small ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout 520 $cli eval --model artifacts/backbone-small --modes full,sparse --tasks all \
+    --lengths 4096,8192 --samples 16 --batch-size 16 --out "$R/small_eval" > "$R/small_eval.log" 2>&1 &
+  export CUDA_VISIBLE_DEVICES=1
+  timeout 200 $cli train configs/small_finding.yaml output_dir=/tmp/small_finding --no-progress \
+    > "$R/small_finding_train.log" 2>&1
+  echo "finding training rc $? at $(( $(date +%s) - start )) s"
+  cp /tmp/small_finding/summary.json "$R/small_finding_summary.json" 2>/dev/null
+  cp /tmp/small_finding/metrics.csv /tmp/small_finding/*.png "$R/" 2>/dev/null
+  timeout $(( 540 - ($(date +%s) - start) )) $cli eval --model artifacts/backbone-small \
+    --router /tmp/small_finding/router --modes full,elastic,static,sparse \
+    --tasks needle_multikey,variable_tracking,local_recall --lengths 4096,8192 --samples 24 --batch-size 24 \
+    --out "$R/small_finding_eval" > "$R/small_finding_eval.log" 2>&1
+  echo "finding eval rc $? at $(( $(date +%s) - start )) s"
+  wait
+  tar -C /tmp -czf "$OUT/session6_small.tgz" session6
+else
+  echo "unknown mode $MODE (small)" >&2; exit 2
+fi
+echo "done at $(( $(date +%s) - start )) s"
+ls -la "$OUT"
