@@ -6,9 +6,8 @@
 # (needles that echo their key, --dense-echo-rate; head_dim 128; dense variable chains, --dense-chain-rate). echo3's
 # e_chain was the shipped tiny backbone until "local3"'s l3_20, whose flags are the script's defaults now. "local": the
 # fifth session's runs (dense local count and pattern blocks, --dense-local-rate); "local2": the same after the
-# short phase (--local-start-step); "local3": one run alone per GPU (these three asked one colour per count block,
-# --count-questions one). "count": the sixth session's tiny runs asking every colour of a count block (the default
-# now) and a small run with the default recipe, alone on GPU 1.
+# short phase (--local-start-step); "local3": one run alone per GPU. "count": the sixth session's tiny runs asking
+# about every colour of a count block (--count-questions every) and a small run with the same data.
 set -u
 SET=${1:-search3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
@@ -104,33 +103,34 @@ elif [ "$SET" = echo3 ]; then
 elif [ "$SET" = local ]; then
   # Fifth session (2026-11-30): e_chain's recipe with dense local count and pattern blocks from step 0 at two
   # rates, both runs on GPU 1 (scripts/device_session5.sh uses GPU 0).
-  run l_02 1 --preset tiny --count-questions one --num-workers 8 --dense-local-rate 0.02 --local-start-step 0
-  run l_04 1 --preset tiny --count-questions one --num-workers 8 --dense-local-rate 0.04 --local-start-step 0
+  run l_02 1 --preset tiny --num-workers 8 --dense-local-rate 0.02 --local-start-step 0
+  run l_04 1 --preset tiny --num-workers 8 --dense-local-rate 0.04 --local-start-step 0
   wait
   pack_runs l_02 l_04
 elif [ "$SET" = local2 ]; then
   # After "local": with local blocks from step 0 neither run learned key matching (dense accuracy 0.11). The blocks
   # now start after the short phase (step 3500), whose data stream is then e_chain's; two runs per GPU.
-  run l2_03 0 --preset tiny --count-questions one --num-workers 7 --dense-local-rate 0.03 --local-start-step 3500
-  run l2_06 0 --preset tiny --count-questions one --num-workers 7 --dense-local-rate 0.06 --local-start-step 3500
-  run l2_03s1 1 --preset tiny --count-questions one --num-workers 7 --dense-local-rate 0.03 --local-start-step 3500 --seed 1
-  run l2_10 1 --preset tiny --count-questions one --num-workers 7 --dense-local-rate 0.10 --local-start-step 3500
+  run l2_03 0 --preset tiny --num-workers 7 --dense-local-rate 0.03 --local-start-step 3500
+  run l2_06 0 --preset tiny --num-workers 7 --dense-local-rate 0.06 --local-start-step 3500
+  run l2_03s1 1 --preset tiny --num-workers 7 --dense-local-rate 0.03 --local-start-step 3500 --seed 1
+  run l2_10 1 --preset tiny --num-workers 7 --dense-local-rate 0.10 --local-start-step 3500
   wait
   pack_runs l2_03 l2_06 l2_03s1 l2_10
 elif [ "$SET" = local3 ]; then
   # After local2: rate 0.10 kept key matching and gave local_pattern 1.000 but local_count 0.458 (sharing a GPU).
   # One run alone per GPU (more steps in the same 430 s): rate 0.10 again, and 0.20.
-  run l3_10 0 --preset tiny --count-questions one --num-workers 14 --dense-local-rate 0.10 --local-start-step 3500
-  run l3_20 1 --preset tiny --count-questions one --num-workers 14 --dense-local-rate 0.20 --local-start-step 3500
+  run l3_10 0 --preset tiny --num-workers 14 --dense-local-rate 0.10 --local-start-step 3500
+  run l3_20 1 --preset tiny --num-workers 14 --dense-local-rate 0.20 --local-start-step 3500
   wait
   pack_runs l3_10 l3_20
 elif [ "$SET" = count ]; then
   # After local3: local_count stayed at 0.29-0.54 and the shipped backbone answers with about the number of colour
   # sentences of the paragraph, whatever colour is asked. A count block now asks about each of its colours in turn,
-  # so only matching the asked colour lowers the loss. Two tiny seeds sharing GPU 0; the small preset alone on GPU 1.
-  run c_s0 0 --preset tiny --num-workers 7
-  run c_s1 0 --preset tiny --num-workers 7 --seed 1
-  run small_c 1 --preset small --num-workers 14
+  # so only matching the asked colour lowers the loss. Two tiny seeds sharing GPU 0; the small preset alone on
+  # GPU 1. (Every count block asked about every colour: the script's default when this set ran.)
+  run c_s0 0 --preset tiny --num-workers 7 --count-questions every
+  run c_s1 0 --preset tiny --num-workers 7 --count-questions every --seed 1
+  run small_c 1 --preset small --num-workers 14 --count-questions every
   wait
   for name in c_s0 c_s1; do tar -C "$W" -czf "$OUT/tiny_$name.tgz" "$name"; done
   tar -C "$W" -cf - small_c | split -b 15m - "$OUT/small_c.tar.part-"

@@ -19,7 +19,7 @@ Commands (one H200; the repository root as working directory):
 
 The shipped tiny backbone (``src/elastic_attention/assets/backbone_tiny``) is the run ``l3_20`` of
 ``OUT=$OUT bash scripts/device_recipe.sh local3`` (2026-11-30, two H200s, one run alone on each): these defaults with
-``--num-workers 14 --eval-samples 24 --count-questions one``, 14492 steps, 471M tokens in 430 s (433 s in all). Its own evaluation at 2048
+``--num-workers 14 --eval-samples 24``, 14492 steps, 471M tokens in 430 s (433 s in all). Its own evaluation at 2048
 tokens (24 rows per task, full attention): needle_single, needle_multikey, needle_multivalue, local_recall and
 local_pattern 1.000, variable_tracking 0.958, local_count 0.542; the dense key-matching queries 0.962. Every run and
 what did not work (head_dim 64, no echo, longer short phases, local blocks from step 0):
@@ -176,8 +176,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-chain-rate", type=float, default=0.05, help="variable assignments and reverse queries")
     parser.add_argument("--dense-local-rate", type=float, default=0.2,
                         help="local count / pattern blocks per segment, dense sequences")
-    parser.add_argument("--count-questions", choices=("one", "every"), default="every",
-                        help="a dense count block asks about one of its colours or about each in turn")
+    parser.add_argument("--count-questions", choices=("one", "every"), default="one",
+                        help="a dense count block asks about one of its colours or about each in turn (no better "
+                        "at counting in the sixth session's runs)")
     parser.add_argument("--local-start-step", type=int, default=None,
                         help="first step whose dense sequences hold local blocks (default: the preset's short phase)")
     parser.add_argument("--dense-lm-weight", type=float, default=0.0, help="next-token loss weight, dense sequences")
