@@ -32,6 +32,7 @@ class AttentionRouter(nn.Module):
             nn.Linear(head_dim, 2),
         )
         self.temperature = 1.0
+        self.margin_limit: float | None = None  # training only, see `straight_through_decision`
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -71,4 +72,4 @@ class AttentionRouter(nn.Module):
         if not self.training:
             return (logits[..., 1] > logits[..., 0]).float()
         noise = gumbel_noise(logits.shape, device=logits.device, generator=generator)
-        return straight_through_decision(logits, self.temperature, noise)
+        return straight_through_decision(logits, self.temperature, noise, self.margin_limit)

@@ -14,7 +14,7 @@ def gumbel_noise(shape: torch.Size, *, device: torch.device, generator: torch.Ge
 
 
 def straight_through_decision(
-    logits: torch.Tensor, temperature: float, noise: torch.Tensor | None = None
+    logits: torch.Tensor, temperature: float, noise: torch.Tensor | None = None, margin_limit: float | None = None
 ) -> torch.Tensor:
     """Hard decision forward, softmax gradient backward.
 
@@ -22,12 +22,22 @@ def straight_through_decision(
         logits: [..., 2] router logits; class 1 means full attention.
         temperature: softmax temperature; it scales the gradient only (the forward is a hard argmax).
         noise: [..., 2] Gumbel noise added to the logits, or None for a noiseless decision.
+        margin_limit: if set, the margin ``logits[..., 1] - logits[..., 0]`` is clamped to ``[-limit, limit]`` in
+            the forward pass (the sample and the softmax) and passed through unchanged in the backward pass. A
+            saturated router then still flips a head now and then (probability at least ``sigmoid(-limit)`` under
+            the noise) and keeps a gradient of at least ``sigmoid'(limit) / temperature``; without the limit, Adam's
+            normalised steps keep growing margins whose softmax gradient has vanished, and the decisions freeze.
 
     Returns:
         [...] float, exactly 1.0 (full attention) or 0.0 (sparse) in the forward pass, whose gradient is that of
-        softmax((logits + noise) / temperature)[..., 1].
+        softmax((logits + noise) / temperature)[..., 1] (with the clamped margin when ``margin_limit`` is set).
     """
-    perturbed = logits.float() if noise is None else logits.float() + noise
+    logits = logits.float()
+    if margin_limit is not None:
+        margin = logits[..., 1] - logits[..., 0]
+        clamped = margin + (margin.clamp(-margin_limit, margin_limit) - margin).detach()
+        logits = torch.stack([torch.zeros_like(clamped), clamped], dim=-1)
+    perturbed = logits if noise is None else logits + noise
     soft = torch.softmax(perturbed / temperature, dim=-1)[..., 1]
     hard = (perturbed[..., 1] > perturbed[..., 0]).to(soft.dtype)
     return hard + (soft - soft.detach())

@@ -59,6 +59,8 @@ class TrainConfig:
         packs_per_step: global batch, in packs.
         router_lr, multiplier_lr, weight_decay, warmup_fraction, grad_clip: optimisation.
         temperature: see `TemperatureSchedule`.
+        margin_limit: clamp of the router's logit margin while sampling (forward only, see
+            `straight_through_decision`); ``None`` (the paper) leaves it free.
         checkpoint_every: steps between checkpoints (0: only at the end).
         seed: initialisation and Gumbel-noise seed.
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
@@ -84,6 +86,7 @@ class TrainConfig:
     warmup_fraction: float = 0.2
     grad_clip: float = 5.0
     temperature: TemperatureSchedule = field(default_factory=TemperatureSchedule)
+    margin_limit: float | None = None
     checkpoint_every: int = 0
     seed: int = 0
     device: str = "auto"
@@ -103,6 +106,8 @@ class TrainConfig:
             raise ConfigError(f"`distributed` must be none, ddp or fsdp, got {self.distributed!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"`device` must be auto, cpu or cuda, got {self.device!r}")
+        if self.margin_limit is not None and not self.margin_limit > 0:
+            raise ConfigError(f"`margin_limit` must be a positive number of logits or null, got {self.margin_limit}")
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"`warmup_fraction` must be in [0, 1), got {self.warmup_fraction}")
         if self.data.source == "suite":

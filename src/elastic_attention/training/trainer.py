@@ -170,6 +170,7 @@ class RouterTrainer:
         temperature = config.temperature.at(self.step, config.steps)
         for router in routers_of(self.model).values():
             router.temperature = temperature
+            router.margin_limit = config.margin_limit
         scale = self._lr_scale(self.step)
         for group in self.optimizer.param_groups[:2]:
             group["lr"] = config.router_lr * scale
