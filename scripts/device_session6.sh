@@ -6,6 +6,8 @@
 #      GPU 1: issue 4 item 7 on the small backbone: routers trained with configs/small_finding.yaml, then full,
 #      elastic, static hybrid at elastic's MSR and all sparse at 4096 and 8192 tokens.
 #   3. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session6.sh limit   (item 7 with margin_limit)
+#   4. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session6.sh standardize   (item 7, standardized
+#      router inputs)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 start=$(date +%s)
@@ -29,9 +31,9 @@ if [ "$MODE" = small ]; then
   echo "finding eval rc $? at $(( $(date +%s) - start )) s"
   wait
   tar -C /tmp -czf "$OUT/session6_small.tgz" session6
-elif [ "$MODE" = limit ]; then
-  # Item 7 on the small backbone again, with the router's logit margin clamped while sampling (margin_limit), one
-  # variant per GPU; each trains, then evaluates as in "small".
+elif [ "$MODE" = limit ] || [ "$MODE" = standardize ]; then
+  # Item 7 on the small backbone again, one variant per GPU; each trains, then evaluates as in "small". "limit": the
+  # router's logit margin clamped while sampling (margin_limit); "standardize": router inputs standardized per head.
   variant() {  # variant NAME GPU OVERRIDES...
     local name=$1 gpu=$2; shift 2
     ( export CUDA_VISIBLE_DEVICES=$gpu
@@ -41,12 +43,17 @@ elif [ "$MODE" = limit ]; then
         --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
         --lengths 4096,8192 --samples 24 --batch-size 24 --out "$R/${name}_eval" > "$R/${name}_eval.log" 2>&1 ) &
   }
-  variant limit4 0 margin_limit=4
-  variant limit4_lr3 1 margin_limit=4 router_lr=0.003 multiplier_lr=0.1
+  if [ "$MODE" = limit ]; then
+    variant limit4 0 margin_limit=4
+    variant limit4_lr3 1 margin_limit=4 router_lr=0.003 multiplier_lr=0.1
+  else
+    variant std 0 elastic.router_standardize=true
+    variant std_lr3 1 elastic.router_standardize=true router_lr=0.003 multiplier_lr=0.1
+  fi
   wait
-  tar -C /tmp -czf "$OUT/session6_limit.tgz" session6
+  tar -C /tmp -czf "$OUT/session6_$MODE.tgz" session6
 else
-  echo "unknown mode $MODE (small or limit)" >&2; exit 2
+  echo "unknown mode $MODE (small, limit or standardize)" >&2; exit 2
 fi
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"

@@ -1,5 +1,6 @@
 """Router adapters: round trip, import of the reference implementation's checkpoints, refusals."""
 
+import dataclasses
 import json
 
 import pytest
@@ -17,12 +18,17 @@ def router_state(model):
     return {f"{i}.{k}": v.clone() for i, r in ea.routers_of(model).items() for k, v in r.state_dict().items()}
 
 
-def test_round_trip_restores_routers_and_routing(tmp_path):
-    model = ea.attach(tiny_model("qwen3"), CONFIG)
+@pytest.mark.parametrize("config", [CONFIG, dataclasses.replace(CONFIG, router_standardize=True)],
+                         ids=["paper", "standardize"])
+def test_round_trip_restores_routers_and_routing(tmp_path, config):
+    model = ea.attach(tiny_model("qwen3"), config)
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.requires_grad:
                 parameter.normal_()
+        for router in ea.routers_of(model).values():
+            for buffer in router.buffers():  # a standardizing router's statistics
+                buffer.uniform_(0.5, 2.0)
     ids = torch.randint(1, 97, (2, 33))
     with torch.no_grad():
         model(ids)
@@ -31,7 +37,7 @@ def test_round_trip_restores_routers_and_routing(tmp_path):
     assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == ["elastic_config.json", "router.safetensors"]
     fresh = tiny_model("qwen3")
     ea.load_router(fresh, tmp_path / "adapter")
-    assert ea.integration.runtime_of(fresh).config == CONFIG
+    assert ea.integration.runtime_of(fresh).config == config
     for name, value in router_state(model).items():
         torch.testing.assert_close(router_state(fresh)[name], value)
     with torch.no_grad():

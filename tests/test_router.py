@@ -1,5 +1,6 @@
 """The Attention Router: shape, initialisation, straight-through sampling, boundary pooling."""
 
+import pytest
 import torch
 
 from elastic_attention.patterns import SequenceLayout
@@ -69,6 +70,32 @@ def test_margin_limit_clamps_the_sample_and_passes_the_gradient_through():
     (free,) = torch.autograd.grad(straight_through_decision(logits, temperature, noise), logits, upstream)
     saturated = (logits[..., 1] - logits[..., 0]).abs() > 60
     assert saturated.any() and free[saturated].abs().max() < 1e-12
+
+
+def test_standardizing_router_centres_and_scales_per_head():
+    """Oracle: float64 per-head mean and RMS by explicit loops; logits = the plain MLPs on the standardized input
+    plus the head bias."""
+    torch.manual_seed(2)
+    router = AttentionRouter(head_dim=6, width=2, num_kv_heads=3).eval()
+    samples = torch.randn(9, 3, 6) * torch.tensor([1.0, 5.0, 0.2])[:, None] + torch.tensor([0.0, 10.0, -3.0])[:, None]
+    router.set_feature_statistics(samples)
+    for head in range(3):
+        values = [[float(samples[m, head, d]) for d in range(6)] for m in range(9)]
+        mean = [sum(values[m][d] for m in range(9)) / 9 for d in range(6)]
+        rms = (sum((values[m][d] - mean[d]) ** 2 for m in range(9) for d in range(6)) / 54) ** 0.5
+        torch.testing.assert_close(router.feature_mean[head].double(), torch.tensor(mean, dtype=torch.float64))
+        assert abs(float(router.feature_scale[head]) - rms) < 1e-5 * rms
+    with torch.no_grad():
+        router.head_bias.copy_(torch.randn(3, 2))
+    pooled = torch.randn(4, 3, 6) * 3
+    plain = AttentionRouter(head_dim=6, width=2)
+    plain.load_state_dict({k: v for k, v in router.state_dict().items() if "mlp" in k})
+    standardized = (pooled - router.feature_mean) / router.feature_scale[:, None]
+    torch.testing.assert_close(router.logits(pooled), plain.logits(standardized) + router.head_bias)
+    with pytest.raises(ValueError, match="must be \\[M >= 2, 3, 6\\]"):
+        router.set_feature_statistics(torch.randn(5, 2, 6))
+    with pytest.raises(ValueError, match="router_standardize is off"):
+        plain.set_feature_statistics(samples)
 
 
 def test_training_mode_samples_with_the_generator():

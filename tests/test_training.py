@@ -185,15 +185,17 @@ def test_cli_run_killed_midway_resumes_to_the_uninterrupted_result(tmp_path, ran
     assert (tmp_path / "interrupted" / "training.png").exists()
 
 
-def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_suite_backbone):
+@pytest.mark.parametrize("standardize", [False, True], ids=["paper_router", "standardizing_router"])
+def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_suite_backbone, standardize):
     # A run killed after logging its third step but before the next checkpoint: resuming from the checkpoint after
     # two steps must not log the third twice. Simulated deterministically: finish a 3-step run, then remove its
-    # adapter and its final checkpoint, and resume.
+    # adapter and its final checkpoint, and resume. A standardizing router's statistics come from the checkpoint.
     from elastic_attention.training import train
 
-    straight = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "straight", steps=3))
+    elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "router_standardize": standardize}
+    straight = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "straight", steps=3, elastic=elastic))
     train(straight, progress=False)
-    killed = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "killed", steps=3))
+    killed = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "killed", steps=3, elastic=elastic))
     train(killed, progress=False)
     run = tmp_path / "killed"
     assert len((run / "metrics.csv").read_text().splitlines()) == 4  # header + steps 0, 1, 2
@@ -205,6 +207,8 @@ def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_
     assert (run / "metrics.csv").read_text().splitlines() == (tmp_path / "straight" / "metrics.csv").read_text().splitlines()
     for name, value in routers(tmp_path / "straight").items():
         torch.testing.assert_close(routers(run)[name], value, rtol=0, atol=0)
+    scales = [value for name, value in routers(run).items() if name.endswith("feature_scale")]
+    assert len(scales) == (2 if standardize else 0) and all((scale != 1).all() for scale in scales)
 
 
 @pytest.mark.slow

@@ -26,9 +26,10 @@ DEMO_TASKS = ("needle_single", "local_recall")
 DEMO_TRAIN_LENGTH = 1024
 # A 256-token window makes local_recall truly robust (all-sparse accuracy 1.0 on the shipped backbone and on the
 # earlier one; with 128 it was 0.92 on the earlier one, and its LM loss then resisted sparsity). Pooling reads the
-# first 24 and last 16 tokens, about the instruction and the question (not shown to matter). benchmarks/results/router_recipe_tiny_2026-11-29.md has the search.
+# first 24 and last 16 tokens, about the instruction and the question (not shown to matter). Standardized router
+# inputs: with the paper's router both tasks ended on the same heads (benchmarks/results/router_recipe_tiny_2026-11-30.md).
 DEMO_ELASTIC = {"block_size": 32, "sink_tokens": 32, "local_tokens": 256, "xa_stride": 8, "pool_first": 24,
-                "pool_last": 16}
+                "pool_last": 16, "router_standardize": True}
 
 
 def demo_config(output_dir: Path, seed: int = 0) -> TrainConfig:

@@ -75,7 +75,8 @@ def attach(
     routers = {}
     for index in routed:
         reference = getattr(modules[index], family.key_source).weight
-        router = AttentionRouter(head_dim, config.router_width).to(reference.device).train(model.training)
+        kv_heads = num_kv_heads if config.router_standardize else None
+        router = AttentionRouter(head_dim, config.router_width, kv_heads).to(reference.device).train(model.training)
         modules[index].add_module(ROUTER_ATTRIBUTE, router)
         routers[index] = router
     runtime = ElasticRuntime(

@@ -14,15 +14,26 @@ class AttentionRouter(nn.Module):
     Pooled pre-RoPE key states go through a task MLP (Linear, SiLU, Linear) and a router MLP (Linear, SiLU, Linear,
     SiLU, Linear to 2 classes). Class 1 means full (retrieval) attention, class 0 sparse attention.
 
+    With ``num_kv_heads`` (``router_standardize`` in the config), the pooled keys of KV head h are first mapped to
+    ``(x - feature_mean[h]) / feature_scale[h]`` (buffers, set by `set_feature_statistics`) and a learned
+    ``head_bias[h]`` is added to the logits: the MLPs then see what varies between inputs, and the bias carries
+    what is fixed per head.
+
     Args:
         head_dim: D, the width of one key head.
         width: hidden width multiplier (hidden = width * D).
+        num_kv_heads: Hkv for a standardizing router; ``None`` for the paper's router.
     """
 
-    def __init__(self, head_dim: int, width: int = 4) -> None:
+    def __init__(self, head_dim: int, width: int = 4, num_kv_heads: int | None = None) -> None:
         super().__init__()
         hidden = width * head_dim
         self.head_dim = head_dim
+        self.num_kv_heads = num_kv_heads
+        if num_kv_heads is not None:
+            self.register_buffer("feature_mean", torch.zeros(num_kv_heads, head_dim))
+            self.register_buffer("feature_scale", torch.ones(num_kv_heads))
+            self.head_bias = nn.Parameter(torch.zeros(num_kv_heads, 2))
         self.task_mlp = nn.Sequential(nn.Linear(head_dim, hidden), nn.SiLU(), nn.Linear(hidden, head_dim))
         self.router_mlp = nn.Sequential(
             nn.Linear(head_dim, hidden),
@@ -41,6 +52,31 @@ class AttentionRouter(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)
                 nn.init.zeros_(module.bias)
+        if self.num_kv_heads is not None:
+            nn.init.zeros_(self.head_bias)
+
+    @torch.no_grad()
+    def set_feature_statistics(self, pooled_keys: torch.Tensor) -> None:
+        """Set the per-head centre and scale of a standardizing router from sample inputs.
+
+        Args:
+            pooled_keys: [M, Hkv, D] pooled keys of M sequences (M >= 2). The centre is their mean per head; the
+                scale is the root mean square of the centred values per head (one number per head, so no single
+                flat dimension is blown up).
+
+        Raises:
+            ValueError: the router does not standardize, or the samples have the wrong shape.
+        """
+        if self.num_kv_heads is None:
+            raise ValueError("this router was built without num_kv_heads (router_standardize is off)")
+        expected = (self.num_kv_heads, self.head_dim)
+        if pooled_keys.ndim != 3 or tuple(pooled_keys.shape[1:]) != expected or pooled_keys.shape[0] < 2:
+            raise ValueError(f"pooled_keys must be [M >= 2, {expected[0]}, {expected[1]}], got {list(pooled_keys.shape)}")
+        samples = pooled_keys.double()
+        mean = samples.mean(dim=0)
+        scale = (samples - mean).square().mean(dim=(0, 2)).sqrt().clamp(min=1e-6)
+        self.feature_mean.copy_(mean)
+        self.feature_scale.copy_(scale)
 
     def logits(self, pooled_keys: torch.Tensor) -> torch.Tensor:
         """Router logits.
@@ -52,7 +88,10 @@ class AttentionRouter(nn.Module):
             [N, Hkv, 2] float32 logits.
         """
         weight_dtype = self.router_mlp[0].weight.dtype
-        return self.router_mlp(self.task_mlp(pooled_keys.to(weight_dtype))).float()
+        if self.num_kv_heads is None:
+            return self.router_mlp(self.task_mlp(pooled_keys.to(weight_dtype))).float()
+        features = (pooled_keys.float() - self.feature_mean) / self.feature_scale[:, None]
+        return self.router_mlp(self.task_mlp(features.to(weight_dtype))).float() + self.head_bias.float()
 
     def forward(self, pooled_keys: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Routing decisions.

@@ -39,6 +39,9 @@ from elastic_attention.training.objective import SparsityObjective
 
 logger = logging.getLogger(__name__)
 
+#: Sequences whose pooled keys set a standardizing router's input statistics before the first step.
+CALIBRATION_SEQUENCES = 64
+
 
 class RouterTrainer:
     """Trains the routers of a frozen backbone with the paper's objective.
@@ -91,8 +94,41 @@ class RouterTrainer:
             betas=(0.9, 0.95),
         )
         self.packs = self._build_packs()
-        if resume:
-            self._restore()
+        restored = self._restore() if resume else False
+        if config.elastic_config.router_standardize and not restored:
+            self._calibrate_routers()
+
+    def _calibrate_routers(self) -> None:
+        """Set the standardizing routers' per-head input statistics from the first packs.
+
+        Every process runs the same packs (``CALIBRATION_SEQUENCES`` sequences or all there are), so the statistics
+        agree across processes without communication, and a sharded backbone sees matching forwards on every rank.
+        """
+        routers = routers_of(self.model)
+        recorded: dict[int, list[torch.Tensor]] = {index: [] for index in routers}
+        hooks = [
+            router.register_forward_pre_hook(
+                lambda module, args, index=index: recorded[index].append(args[0].detach().float().cpu())
+            )
+            for index, router in routers.items()
+        ]
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                sequences = 0
+                for pack in self.packs:
+                    if sequences >= CALIBRATION_SEQUENCES:
+                        break
+                    self.model(input_ids=pack.input_ids[None].to(self.device),
+                               position_ids=pack.position_ids[None].to(self.device), logits_to_keep=1, use_cache=False)
+                    sequences += len(pack.tasks)
+        finally:
+            for hook in hooks:
+                hook.remove()
+            self.model.train()
+        for index, router in routers.items():
+            router.set_feature_statistics(torch.cat(recorded[index]).to(self.device))
+        logger.info("router inputs standardized from %d sequences", sequences)
 
     def _build_packs(self) -> list[Pack]:
         data = self.config.data
@@ -253,6 +289,7 @@ class RouterTrainer:
     def _state_tensors(self) -> dict[str, torch.Tensor]:
         tensors = {f"router.{name}": full_tensor(p) for name, p in self.model.named_parameters() if p.requires_grad}
         tensors.update({f"objective.{name}": p.detach() for name, p in self.objective.named_parameters()})
+        tensors.update({f"router_buffer.{name}": b.detach() for name, b in self._router_buffers().items()})
         optimizer_tensors, _ = flatten_optimizer(self.optimizer.state_dict())
         tensors.update({name: full_tensor(value) for name, value in optimizer_tensors.items()})
         return tensors
@@ -266,16 +303,24 @@ class RouterTrainer:
         scalars = {"param_groups": groups, "history": self.history, "config": self.config.to_dict()}
         return save_checkpoint(self.output_dir / "checkpoints", self.step, tensors, scalars)
 
-    def _restore(self) -> None:
+    def _router_buffers(self) -> dict[str, torch.Tensor]:
+        """The routers' buffers (a standardizing router's input statistics), keyed ``{layer}.{name}``."""
+        return {f"{index}.{name}": buffer for index, router in routers_of(self.model).items()
+                for name, buffer in router.named_buffers()}
+
+    def _restore(self) -> bool:
+        """Load the latest checkpoint; False when there is none."""
         found = load_latest(self.output_dir / "checkpoints")
         if found is None:
             logger.warning("--resume: no checkpoint under %s; starting from step 0", self.output_dir)
-            return
+            return False
         step, tensors, scalars = found
         with torch.no_grad():
             for name, parameter in self.model.named_parameters():
                 if parameter.requires_grad:
                     copy_into(parameter, tensors[f"router.{name}"])
+            for name, buffer in self._router_buffers().items():
+                buffer.copy_(tensors[f"router_buffer.{name}"])
             for name, parameter in self.objective.named_parameters():
                 parameter.copy_(tensors[f"objective.{name}"])
         optimizer_state = unflatten_optimizer(tensors, scalars["param_groups"])
@@ -284,6 +329,7 @@ class RouterTrainer:
         if self.rank == 0:
             self._rewrite_metrics()
         logger.info("resumed from step %d", step)
+        return True
 
     def _rewrite_metrics(self) -> None:
         """Make metrics.csv hold exactly the restored history: a run killed after logging steps past its last
