@@ -83,3 +83,27 @@ def test_task_and_length_arguments():
     assert parse_length("4k") == 4096 and parse_length("3000") == 3000
     with pytest.raises(SystemExit):
         parse_length("four")
+
+
+def test_finding_bounds_script_against_hand_computed_values():
+    """scripts/finding_bounds.py on a made-up eval: every quantity recomputed by hand."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "finding_bounds.py"
+    spec = importlib.util.spec_from_file_location("finding_bounds", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = {  # (mode, task): (accuracy, msr)
+        ("full", "a"): (1.0, 0.0), ("full", "b"): (0.8, 0.0), ("full", "r"): (1.0, 0.0),
+        ("elastic", "a"): (1.0, 0.5), ("elastic", "b"): (0.75, 0.6), ("elastic", "r"): (1.0, 0.9),
+        ("static", "a"): (0.5, 2 / 3), ("static", "b"): (0.8, 2 / 3), ("static", "r"): (1.0, 2 / 3),
+    }
+    results = [{"mode": mode, "task": task, "length": 512, "accuracy": acc, "msr": msr}
+               for (mode, task), (acc, msr) in table.items()]
+    values = module.bounds(results, ["a", "b"], ["r"], 512)
+    assert values["sensitive_kept"] == pytest.approx(0.875 / 0.9)  # 0.972: met
+    assert values["msr_gap"] == pytest.approx(0.9 - 0.55) and values["msr_average"] == pytest.approx(2.0 / 3)
+    assert values["static_sensitive_loss"] == pytest.approx(0.9 - 0.65)
+    assert values["elastic_sensitive_loss"] == pytest.approx(0.9 - 0.875)
+    assert all(values[key] for key in ("met_sensitive", "met_robust", "met_gap", "met_average", "met_static_loses_more"))
