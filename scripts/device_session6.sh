@@ -7,7 +7,8 @@
 #      elastic, static hybrid at elastic's MSR and all sparse at 4096 and 8192 tokens.
 #   3. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session6.sh limit   (item 7 with margin_limit)
 #   4. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session6.sh standardize   (item 7, standardized
-#      router inputs); then the same with "standardize2" (sensitive targets 0.5; 240 steps)
+#      router inputs); then the same with "standardize2" (sensitive targets 0.5; 240 steps) and "standardize3"
+#      (targets 0.5 with the absolute linear term; with exponential temperature decay)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 start=$(date +%s)
@@ -31,7 +32,7 @@ if [ "$MODE" = small ]; then
   echo "finding eval rc $? at $(( $(date +%s) - start )) s"
   wait
   tar -C /tmp -czf "$OUT/session6_small.tgz" session6
-elif [ "$MODE" = limit ] || [ "$MODE" = standardize ] || [ "$MODE" = standardize2 ]; then
+elif [ "$MODE" = limit ] || [ "$MODE" = standardize ] || [ "$MODE" = standardize2 ] || [ "$MODE" = standardize3 ]; then
   # Item 7 on the small backbone again, one variant per GPU; each trains, then evaluates as in "small". "limit": the
   # router's logit margin clamped while sampling (margin_limit); "standardize": router inputs standardized per head.
   variant() {  # variant NAME GPU OVERRIDES...
@@ -49,14 +50,18 @@ elif [ "$MODE" = limit ] || [ "$MODE" = standardize ] || [ "$MODE" = standardize
   elif [ "$MODE" = standardize ]; then
     variant std 0 elastic.router_standardize=true
     variant std_lr3 1 elastic.router_standardize=true router_lr=0.003 multiplier_lr=0.1
-  else  # standardize2: lower targets on the sensitive tasks; twice the steps
+  elif [ "$MODE" = standardize2 ]; then  # lower targets on the sensitive tasks; twice the steps
     variant std_t5 0 elastic.router_standardize=true targets.needle_multikey=0.5 targets.variable_tracking=0.5
     variant std_s240 1 elastic.router_standardize=true steps=240
+  else  # standardize3: std_t5 with the absolute linear term; with the paper's exponential temperature decay
+    T5="elastic.router_standardize=true targets.needle_multikey=0.5 targets.variable_tracking=0.5"
+    variant std_t5_abs 0 $T5 linear_term=absolute
+    variant std_t5_exp 1 $T5 temperature.kind=exponential
   fi
   wait
   tar -C /tmp -czf "$OUT/session6_$MODE.tgz" session6
 else
-  echo "unknown mode $MODE (small, limit, standardize or standardize2)" >&2; exit 2
+  echo "unknown mode $MODE (small, limit, standardize, standardize2 or standardize3)" >&2; exit 2
 fi
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"

@@ -212,11 +212,18 @@ def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_
 
 
 @pytest.mark.slow
+STANDARDIZING = {"elastic": {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8,
+                              "router_standardize": True}}
+
+
 @pytest.mark.parametrize("distributed, extra", [("ddp", {}), ("fsdp", {}),
-                                               ("fsdp", {"fsdp_reshard_after_forward": False})])
+                                               ("fsdp", {"fsdp_reshard_after_forward": False}),
+                                               ("fsdp", STANDARDIZING)],
+                         ids=["ddp", "fsdp", "fsdp_keep", "fsdp_standardizing_router"])
 def test_two_gloo_processes_match_one_process(tmp_path, random_suite_backbone, distributed, extra):
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ELASTIC_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
-    single = write_config(tmp_path, random_suite_backbone, "single", steps=3, checkpoint_every=0, device="cpu")
+    single = write_config(tmp_path, random_suite_backbone, "single", steps=3, checkpoint_every=0, device="cpu",
+                          **{key: value for key, value in extra.items() if key == "elastic"})
     subprocess.run(cli("train", str(single), "--no-progress"), check=True, env=environment, capture_output=True)
     double = write_config(tmp_path, random_suite_backbone, "double", steps=3, checkpoint_every=0, device="cpu",
                           distributed=distributed, **extra)
