@@ -58,7 +58,7 @@ def test_margin_limit_clamps_the_sample_and_passes_the_gradient_through():
     (gradient,) = torch.autograd.grad(z, logits, upstream)
     for index in range(7 * 3):
         row, head = divmod(index, 3)
-        margin = float(logits[row, head, 1] - logits[row, head, 0])
+        margin = float(logits[row, head, 1].detach() - logits[row, head, 0].detach())
         clamped = min(max(margin, -limit), limit)
         perturbed = clamped + float(noise[row, head, 1] - noise[row, head, 0])
         assert z[row, head].item() == (1.0 if perturbed > 0 else 0.0)

@@ -211,11 +211,11 @@ def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_
     assert len(scales) == (2 if standardize else 0) and all((scale != 1).all() for scale in scales)
 
 
-@pytest.mark.slow
 STANDARDIZING = {"elastic": {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8,
                               "router_standardize": True}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("distributed, extra", [("ddp", {}), ("fsdp", {}),
                                                ("fsdp", {"fsdp_reshard_after_forward": False}),
                                                ("fsdp", STANDARDIZING)],
