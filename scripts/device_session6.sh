@@ -3,7 +3,7 @@
 #   1. OUT=$OUT bash scripts/device_recipe.sh count      (issue 3: two tiny seeds and the small preset)
 #   2. carry artifacts/backbone-small (run small_c of call 1): OUT=$OUT bash scripts/device_session6.sh small
 #      GPU 0: the small backbone's table of issue 3 (full and all-SSA, every task, at 4096 and 8192 tokens).
-#      GPU 1: issue 4 item 7 on the small backbone: routers trained with configs/small_finding.yaml, then full,
+#      GPU 1: issue 4 item 7 on the small backbone: routers trained with scripts/small_finding.yaml, then full,
 #      elastic, static hybrid at elastic's MSR and all sparse at 4096 and 8192 tokens.
 #   3. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session6.sh limit   (item 7 with margin_limit)
 #   4. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session6.sh standardize   (item 7, standardized
@@ -20,7 +20,7 @@ if [ "$MODE" = small ]; then
   CUDA_VISIBLE_DEVICES=0 timeout 520 $cli eval --model artifacts/backbone-small --modes full,sparse --tasks all \
     --lengths 4096,8192 --samples 16 --batch-size 16 --out "$R/small_eval" > "$R/small_eval.log" 2>&1 &
   export CUDA_VISIBLE_DEVICES=1
-  timeout 200 $cli train configs/small_finding.yaml output_dir=/tmp/small_finding --no-progress \
+  timeout 200 $cli train scripts/small_finding.yaml output_dir=/tmp/small_finding --no-progress \
     > "$R/small_finding_train.log" 2>&1
   echo "finding training rc $? at $(( $(date +%s) - start )) s"
   cp /tmp/small_finding/summary.json "$R/small_finding_summary.json" 2>/dev/null
@@ -38,7 +38,7 @@ elif [ "$MODE" = limit ] || [ "$MODE" = standardize ] || [ "$MODE" = standardize
   variant() {  # variant NAME GPU OVERRIDES...
     local name=$1 gpu=$2; shift 2
     ( export CUDA_VISIBLE_DEVICES=$gpu
-      timeout 250 $cli train configs/small_finding.yaml output_dir=/tmp/$name "$@" --no-progress > "$R/${name}_train.log" 2>&1
+      timeout 250 $cli train scripts/small_finding.yaml output_dir=/tmp/$name "$@" --no-progress > "$R/${name}_train.log" 2>&1
       cp /tmp/$name/summary.json "$R/${name}_summary.json"; cp /tmp/$name/metrics.csv "$R/${name}_metrics.csv"
       timeout 200 $cli eval --model artifacts/backbone-small --router /tmp/$name/router \
         --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
