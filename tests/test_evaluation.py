@@ -106,4 +106,5 @@ def test_finding_bounds_script_against_hand_computed_values():
     assert values["msr_gap"] == pytest.approx(0.9 - 0.55) and values["msr_average"] == pytest.approx(2.0 / 3)
     assert values["static_sensitive_loss"] == pytest.approx(0.9 - 0.65)
     assert values["elastic_sensitive_loss"] == pytest.approx(0.9 - 0.875)
-    assert all(values[key] for key in ("met_sensitive", "met_robust", "met_gap", "met_average", "met_static_loses_more"))
+    met = ("met_sensitive", "met_robust", "met_gap", "met_average", "met_static_loses_more")
+    assert all(values[key] for key in met)

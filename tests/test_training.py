@@ -192,8 +192,11 @@ def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_
     # adapter and its final checkpoint, and resume. A standardizing router's statistics come from the checkpoint.
     from elastic_attention.training import train
 
-    elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "router_standardize": standardize}
-    straight = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "straight", steps=3, elastic=elastic))
+    elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8,
+               "router_standardize": standardize}
+    straight = TrainConfig.from_yaml(
+        write_config(tmp_path, random_suite_backbone, "straight", steps=3, elastic=elastic)
+    )
     train(straight, progress=False)
     killed = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "killed", steps=3, elastic=elastic))
     train(killed, progress=False)

@@ -71,7 +71,9 @@ class AttentionRouter(nn.Module):
             raise ValueError("this router was built without num_kv_heads (router_standardize is off)")
         expected = (self.num_kv_heads, self.head_dim)
         if pooled_keys.ndim != 3 or tuple(pooled_keys.shape[1:]) != expected or pooled_keys.shape[0] < 2:
-            raise ValueError(f"pooled_keys must be [M >= 2, {expected[0]}, {expected[1]}], got {list(pooled_keys.shape)}")
+            raise ValueError(
+                f"pooled_keys must be [M >= 2, {expected[0]}, {expected[1]}], got {list(pooled_keys.shape)}"
+            )
         samples = pooled_keys.double()
         mean = samples.mean(dim=0)
         scale = (samples - mean).square().mean(dim=(0, 2)).sqrt().clamp(min=1e-6)
