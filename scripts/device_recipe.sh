@@ -132,9 +132,8 @@ elif [ "$SET" = count ]; then
   run c_s1 0 --preset tiny --num-workers 7 --count-questions every --seed 1
   run small_c 1 --preset small --num-workers 14 --count-questions every
   wait
-  for name in c_s0 c_s1; do tar -C "$W" -czf "$OUT/tiny_$name.tgz" "$name"; done
   tar -C "$W" -cf - small_c | split -b 15m - "$OUT/small_c.tar.part-"
-  pack_logs
+  pack_runs c_s0 c_s1
 else
   echo "unknown SET $SET (search3, echo, echo2, echo3, local, local2, local3 or count)" >&2; exit 2
 fi

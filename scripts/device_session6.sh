@@ -16,34 +16,25 @@ R=/tmp/session6; mkdir -p "$R"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$R/gpu.txt"
 MODE=${1:-small}
 cli="python3 -m elastic_attention.cli"
+variant() {  # variant NAME GPU OVERRIDES...: item 7 on the small backbone in the background on one GPU: routers
+  # trained with scripts/small_finding.yaml and the overrides, then full, elastic, static and all sparse evaluated
+  local name=$1 gpu=$2; shift 2
+  ( export CUDA_VISIBLE_DEVICES=$gpu
+    timeout 250 $cli train scripts/small_finding.yaml output_dir=/tmp/$name "$@" --no-progress > "$R/${name}_train.log" 2>&1
+    cp /tmp/$name/summary.json "$R/${name}_summary.json"; cp /tmp/$name/metrics.csv "$R/${name}_metrics.csv"
+    timeout 200 $cli eval --model artifacts/backbone-small --router /tmp/$name/router \
+      --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
+      --lengths 4096,8192 --samples 24 --batch-size 24 --out "$R/${name}_eval" > "$R/${name}_eval.log" 2>&1 ) &
+}
 if [ "$MODE" = small ]; then
   CUDA_VISIBLE_DEVICES=0 timeout 520 $cli eval --model artifacts/backbone-small --modes full,sparse --tasks all \
     --lengths 4096,8192 --samples 16 --batch-size 16 --out "$R/small_eval" > "$R/small_eval.log" 2>&1 &
-  export CUDA_VISIBLE_DEVICES=1
-  timeout 200 $cli train scripts/small_finding.yaml output_dir=/tmp/small_finding --no-progress \
-    > "$R/small_finding_train.log" 2>&1
-  echo "finding training rc $? at $(( $(date +%s) - start )) s"
-  cp /tmp/small_finding/summary.json "$R/small_finding_summary.json" 2>/dev/null
-  cp /tmp/small_finding/metrics.csv /tmp/small_finding/*.png "$R/" 2>/dev/null
-  timeout $(( 540 - ($(date +%s) - start) )) $cli eval --model artifacts/backbone-small \
-    --router /tmp/small_finding/router --modes full,elastic,static,sparse \
-    --tasks needle_multikey,variable_tracking,local_recall --lengths 4096,8192 --samples 24 --batch-size 24 \
-    --out "$R/small_finding_eval" > "$R/small_finding_eval.log" 2>&1
-  echo "finding eval rc $? at $(( $(date +%s) - start )) s"
+  variant small_finding 1
   wait
   tar -C /tmp -czf "$OUT/session6_small.tgz" session6
 elif [ "$MODE" = limit ] || [ "$MODE" = standardize ] || [ "$MODE" = standardize2 ] || [ "$MODE" = standardize3 ]; then
-  # Item 7 on the small backbone again, one variant per GPU; each trains, then evaluates as in "small". "limit": the
-  # router's logit margin clamped while sampling (margin_limit); "standardize": router inputs standardized per head.
-  variant() {  # variant NAME GPU OVERRIDES...
-    local name=$1 gpu=$2; shift 2
-    ( export CUDA_VISIBLE_DEVICES=$gpu
-      timeout 250 $cli train scripts/small_finding.yaml output_dir=/tmp/$name "$@" --no-progress > "$R/${name}_train.log" 2>&1
-      cp /tmp/$name/summary.json "$R/${name}_summary.json"; cp /tmp/$name/metrics.csv "$R/${name}_metrics.csv"
-      timeout 200 $cli eval --model artifacts/backbone-small --router /tmp/$name/router \
-        --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
-        --lengths 4096,8192 --samples 24 --batch-size 24 --out "$R/${name}_eval" > "$R/${name}_eval.log" 2>&1 ) &
-  }
+  # Item 7 on the small backbone again, one variant per GPU. "limit": the router's logit margin clamped while
+  # sampling (margin_limit); "standardize": router inputs standardized per head.
   if [ "$MODE" = limit ]; then
     variant limit4 0 margin_limit=4
     variant limit4_lr3 1 margin_limit=4 router_lr=0.003 multiplier_lr=0.1
