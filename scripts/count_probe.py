@@ -1,0 +1,146 @@
+"""Can a backbone shape learn local_count from scratch, and does the question's wording decide it? (issue 3)
+
+Trains a fresh model of a pretraining preset on sequences made only of count paragraphs in the format of
+local_count's last paragraph (filler sentences with ``there is a red cup .`` sentences for one to three colours,
+each one to four times, then a count question and its answer; colours are fresh within a sequence), with the loss
+on the answers alone, and reports the answer accuracy on held-out sequences every ``--eval-every`` steps.
+
+``--question mid`` is the suite's question (the asked colour six tokens before ``?``); ``--question last`` puts the
+colour last, as every other task of the suite does with the thing it asks about.
+
+    PYTHONPATH=src python scripts/count_probe.py --question last --preset tiny --steps 3000 --out probe.json
+
+Prints one line per evaluation; writes ``{"args": ..., "curve": [[step, loss, accuracy], ...]}`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pretrain_backbone as pretrain  # noqa: E402
+
+from elastic_attention.evaluation.tasks import SampleRandom, filler_sentence  # noqa: E402
+from elastic_attention.evaluation.vocabulary import COLOR_WORDS, PARAGRAPH_MARKER, SHARED_NOUNS, build_tokenizer  # noqa: E402
+
+QUESTIONS = {
+    "mid": "question : how many times does the color {color} appear in the last paragraph ?",
+    "last": "question : in the last paragraph , how many times is the color {color} ?",
+}
+
+
+def count_paragraph(rng: SampleRandom, colors: list[str], template: str) -> tuple[list[str], int]:
+    """One paragraph with its question and answer; returns the words and the answer's offset in them."""
+    fillers = [filler_sentence(rng, rng.integer(6, 15)) for _ in range(rng.integer(0, 4))]
+    block_colors = [colors.pop() for _ in range(rng.integer(1, 3))]
+    counts = {color: rng.integer(1, 4) for color in block_colors}
+    sentences = [["there", "is", "a", color, rng.choice(SHARED_NOUNS), "."] for color in block_colors
+                 for _ in range(counts[color])]
+    rng.shuffle(sentences)
+    gaps = sorted(rng.below(len(fillers) + 1) for _ in sentences)
+    words, cursor = [PARAGRAPH_MARKER], 0
+    for sentence, gap in zip(sentences, gaps):
+        for filler in fillers[cursor:gap]:
+            words += filler
+        cursor = gap
+        words += sentence
+    for filler in fillers[cursor:]:
+        words += filler
+    asked = rng.choice(block_colors)
+    words += template.format(color=asked).split()
+    return words + [str(counts[asked]), "."], len(words)
+
+
+def count_sequence(seed: int, length: int, ids: dict[str, int], template: str) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` of ``length`` tokens: count paragraphs back to back, answers supervised."""
+    rng = SampleRandom(seed)
+    colors = list(COLOR_WORDS)
+    rng.shuffle(colors)
+    words: list[str] = []
+    answers: list[int] = []
+    while len(words) < length and len(colors) >= 3:
+        paragraph, answer = count_paragraph(rng, colors, template)
+        answers.append(len(words) + answer)
+        words += paragraph
+    words += [PARAGRAPH_MARKER] * max(0, length - len(words))
+    input_ids = [ids[word] for word in words[:length]]
+    labels = [pretrain.IGNORE] * length
+    for position in answers:
+        if position < length:
+            labels[position] = input_ids[position]
+    return input_ids, labels
+
+
+def batch(seeds: range, length: int, ids: dict[str, int], template: str, device: torch.device):
+    rows = [count_sequence(seed, length, ids, template) for seed in seeds]
+    return (torch.tensor([row[0] for row in rows], device=device), torch.tensor([row[1] for row in rows], device=device))
+
+
+def answer_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Mean cross-entropy and argmax accuracy on the supervised answer tokens."""
+    hidden = model.model(input_ids=input_ids, use_cache=False).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    mask = targets != pretrain.IGNORE
+    logits = model.lm_head(hidden[mask]).float()
+    chosen = targets[mask]
+    return F.cross_entropy(logits, chosen), (logits.argmax(-1) == chosen).float().mean().item()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--question", choices=sorted(QUESTIONS), required=True)
+    parser.add_argument("--preset", choices=sorted(pretrain.PRESETS), default="tiny")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    tokenizer = build_tokenizer()
+    ids = tokenizer.get_vocab()
+    template = QUESTIONS[args.question]
+    preset = dataclasses.replace(pretrain.PRESETS[args.preset])
+    torch.manual_seed(args.seed)
+    model = pretrain.build_model(pretrain.build_config(preset, tokenizer, args.length), device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    held_out = batch(range(10**9, 10**9 + 128), args.length, ids, template, device)
+    curve, start = [], time.perf_counter()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    for step in range(args.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * min(1.0, (step + 1) / 100)
+        first = (args.seed * args.steps + step) * args.batch_size
+        input_ids, labels = batch(range(first, first + args.batch_size), args.length, ids, template, device)
+        with autocast:
+            loss, _ = answer_loss(model, input_ids, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            with torch.no_grad(), autocast:
+                _, accuracy = answer_loss(model, *held_out)
+            curve.append([step + 1, round(loss.item(), 4), round(accuracy, 4)])
+            print(f"{args.question} {args.preset} seed {args.seed} step {step + 1} loss {loss.item():.3f} "
+                  f"held-out accuracy {accuracy:.3f} ({time.perf_counter() - start:.0f} s)", flush=True)
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "curve": curve,
+              "seconds": round(time.perf_counter() - start, 1)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
