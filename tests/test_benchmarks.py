@@ -62,6 +62,21 @@ def test_decode_benchmark_smoke_run_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+def test_decode_benchmark_prefills_the_bounded_cache_in_chunks(tmp_path):
+    common = [*TINY_MODEL, "--lengths", "700", "--batch", "1", "--msr", "1.0", "--backend", "reference",
+              "--steps", "1", "--caches", "bounded"]
+    chunked = run_bench("decode", tmp_path, *common, "--prefill-chunk", "200")["rows"][0]
+    one_pass = run_bench("decode", tmp_path, *common)["rows"][0]
+    assert chunked["prefill_chunk"] == 200 and chunked["prefill_s"] > 0 and one_pass["prefill_chunk"] == 0
+    # Every head on SSA: both keep exactly the sink and the window, whatever the chunking.
+    assert chunked["cache_bytes"] == one_pass["cache_bytes"]
+    refused = subprocess.run([sys.executable, "-m", "elastic_attention.cli", "bench", "decode", *TINY_MODEL,
+                              "--prefill-chunk", "200", "--out", str(tmp_path / "x.json")],
+                             capture_output=True, text=True, env=ENV)
+    assert refused.returncode != 0 and "--prefill-chunk needs --caches bounded" in refused.stderr
+
+
+@pytest.mark.slow
 def test_train_step_benchmark_smoke_run_on_cpu(tmp_path):
     result = run_bench("train-step", tmp_path, *TINY_MODEL, "--length", "256", "--answer-tokens", "8",
                        "--gradient-checkpointing", "--backend", "reference", "--steps", "2")

@@ -5,7 +5,7 @@ import torch
 from conftest import tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, InputError, attach, force_routing, routers_of
-from elastic_attention.backends.tokens import token_attention
+from elastic_attention.backends.tokens import causal_suffix_attention, streaming_suffix_attention, token_attention
 from elastic_attention.integration import runtime_of
 from elastic_attention.patterns.tokens import token_rule_mask
 
@@ -146,6 +146,55 @@ def test_chunked_prefill_routes_on_the_first_chunk_and_equals_the_full_cache():
         for layer in runtime.routed_layers:
             assert torch.equal(runtime.decisions[layer], runtime_of(first).decisions[layer])
     assert isinstance(caches["bounded"], ElasticCache)
+    torch.testing.assert_close(logits["bounded"], logits["full"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("count, length", [(1, 1), (5, 5), (13, 40), (37, 38)])
+def test_causal_suffix_attention_matches_the_float64_rule(count, length):
+    """Oracle: `token_attention` (masked float64 softmax) with the chunk's positions and no streaming head."""
+    torch.manual_seed(count)
+    query = torch.randn(3, 2, count, 16, dtype=torch.float64)
+    key, value = torch.randn(2, 3, length, 16, dtype=torch.float64)
+    expected = token_attention(query, key, value, torch.arange(length - count, length), torch.arange(length),
+                               torch.zeros(3, dtype=torch.bool), sink_tokens=4, local_tokens=8, scale=0.3)
+    torch.testing.assert_close(causal_suffix_attention(query, key, value, 0.3), expected)
+
+
+@pytest.mark.parametrize("count, block, sink, local", [(1, None, 4, 8), (29, None, 4, 8), (29, 5, 3, 11),
+                                                       (7, 16, 1, 2), (40, 13, 8, 16)])
+def test_streaming_suffix_attention_matches_the_float64_rule(count, block, sink, local):
+    """Oracle: `token_attention` over sink, window and chunk at their logical positions, every head streaming."""
+    torch.manual_seed(count + local)
+    first = sink + local + 6  # the chunk starts after a complete window, as the cache calls it
+    query = torch.randn(2, 3, count, 16, dtype=torch.float64)
+    sink_key, sink_value = torch.randn(2, 2, sink, 16, dtype=torch.float64)
+    window_key, window_value = torch.randn(2, 2, local + count, 16, dtype=torch.float64)
+    positions = torch.cat([torch.arange(sink), torch.arange(first - local, first + count)])
+    expected = token_attention(query, torch.cat([sink_key, window_key], 1), torch.cat([sink_value, window_value], 1),
+                               torch.arange(first, first + count), positions, torch.ones(2, dtype=torch.bool),
+                               sink_tokens=sink, local_tokens=local, scale=0.25)
+    actual = streaming_suffix_attention(query, sink_key, sink_value, window_key, window_value, local_tokens=local,
+                                        scale=0.25, block=block)
+    torch.testing.assert_close(actual, expected)
+
+
+def test_chunked_prefill_in_steady_state_matches_the_rule_per_chunk_size():
+    """A long prompt in chunks of odd sizes (every later chunk after a complete window, so the fused paths run)
+    equals the full cache under the same routing; the full cache attends by the general token rule."""
+    ids, mask = prompt(batch=1, width=131, seed=5)
+    bounds = [0, 41, 44, 90, 131]
+    logits = {}
+    for kind in ("bounded", "full"):
+        model = attached(cache=kind)
+        force_routing(model, torch.tensor([[True, False], [False, True]]))
+        cache = ElasticCache(model) if kind == "bounded" else None
+        outputs = []
+        for begin, end in zip(bounds, bounds[1:]):
+            output = model(input_ids=ids[:, begin:end], attention_mask=mask[:, :end], past_key_values=cache,
+                           use_cache=True)
+            cache = output.past_key_values
+            outputs.append(output.logits)
+        logits[kind] = torch.cat(outputs, dim=1)
     torch.testing.assert_close(logits["bounded"], logits["full"], atol=1e-5, rtol=1e-5)
 
 

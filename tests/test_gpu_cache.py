@@ -44,3 +44,35 @@ def test_bounded_decode_on_the_gpu_matches_float64(dtype, tolerance):
         actual = teacher_forced_logits("cuda", dtype, cache)
         scale = float(expected.abs().max())
         assert float((actual - expected).abs().max()) <= tolerance * scale, cache
+
+
+@pytest.mark.parametrize("count, length", [(777, 777), (1000, 5003), (129, 70001)])
+def test_causal_suffix_attention_on_the_gpu_matches_float64(count, length):
+    """The fused chunk path for full-store heads in bf16 (flash on the GPU) against the float64 token rule."""
+    from elastic_attention.backends.tokens import causal_suffix_attention, token_attention
+
+    torch.manual_seed(count)
+    query = torch.randn(3, 4, count, 128, dtype=torch.float64)
+    key, value = torch.randn(2, 3, length, 128, dtype=torch.float64)
+    expected = token_attention(query, key, value, torch.arange(length - count, length), torch.arange(length),
+                               torch.zeros(3, dtype=torch.bool), sink_tokens=128, local_tokens=2048, scale=128**-0.5)
+    actual = causal_suffix_attention(*(t.to("cuda", torch.bfloat16) for t in (query, key, value)), 128**-0.5)
+    assert float((actual.double().cpu() - expected).abs().max()) < 2e-2
+
+
+@pytest.mark.parametrize("count, local", [(3001, 2048), (77, 1000)])
+def test_streaming_suffix_attention_on_the_gpu_matches_float64(count, local):
+    from elastic_attention.backends.tokens import streaming_suffix_attention, token_attention
+
+    torch.manual_seed(count)
+    sink, first = 128, 128 + local + 515
+    query = torch.randn(2, 4, count, 128, dtype=torch.float64)
+    sink_key, sink_value = torch.randn(2, 2, sink, 128, dtype=torch.float64)
+    window_key, window_value = torch.randn(2, 2, local + count, 128, dtype=torch.float64)
+    positions = torch.cat([torch.arange(sink), torch.arange(first - local, first + count)])
+    expected = token_attention(query, torch.cat([sink_key, window_key], 1), torch.cat([sink_value, window_value], 1),
+                               torch.arange(first, first + count), positions, torch.ones(2, dtype=torch.bool),
+                               sink_tokens=sink, local_tokens=local, scale=128**-0.5)
+    inputs = (t.to("cuda", torch.bfloat16) for t in (query, sink_key, sink_value, window_key, window_value))
+    actual = streaming_suffix_attention(*inputs, local_tokens=local, scale=128**-0.5)
+    assert float((actual.double().cpu() - expected).abs().max()) < 2e-2

@@ -21,6 +21,22 @@ def test_router_size_and_initial_sparsity():
     assert 0.35 < torch.stack(fractions).mean() < 0.65
 
 
+@pytest.mark.parametrize("num_kv_heads", [None, 3])
+def test_initial_full_probability_sets_the_first_decisions(num_kv_heads):
+    """Oracle: the frequency of full-attention samples over many Gumbel draws and inputs, against p."""
+    torch.manual_seed(3)
+    router = AttentionRouter(head_dim=16, width=2, num_kv_heads=num_kv_heads)
+    router.set_full_probability(0.9)
+    bias = router.router_mlp[-1].bias.detach().double()
+    torch.testing.assert_close(torch.softmax(bias, 0)[1], torch.tensor(0.9, dtype=torch.float64))
+    router.train()
+    generator = torch.Generator().manual_seed(0)
+    decisions = router(torch.randn(4000, 3, 16), generator=generator)
+    assert abs(decisions.mean().item() - 0.9) < 0.02
+    with pytest.raises(ValueError, match="probability"):
+        router.set_full_probability(1.0)
+
+
 def test_eval_mode_is_a_deterministic_argmax():
     router = AttentionRouter(head_dim=16).eval()
     pooled = torch.randn(5, 3, 16)

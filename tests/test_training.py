@@ -123,6 +123,9 @@ def test_config_validation_names_the_field(tmp_path):
         TrainConfig(model="m", steps=0)
     with pytest.raises(ConfigError, match="`margin_limit` must be a positive number"):
         TrainConfig(model="m", margin_limit=0.0)
+    for probability in (0.0, 1.0):
+        with pytest.raises(ConfigError, match="`initial_full_probability` must be in \\(0, 1\\)"):
+            TrainConfig(model="m", initial_full_probability=probability)
     with pytest.raises(ConfigError, match="suite tasks \\['local_count'\\] have no entry in `targets`"):
         TrainConfig.from_dict({"model": "m", "targets": {"needle_single": 0.7},
                                "data": {"tasks": ["needle_single", "local_count"]}})

@@ -1,9 +1,14 @@
 """Attention of queries over keys at known logical positions under the token rule (`patterns.tokens`).
 
 The attention of steps that continue a cached past: over the keys of a full cache, or over the entries a bounded
-cache kept (whose slots need not be in position order). Plain torch. A single query in half precision (a decode
-step) goes through torch's fused SDPA with a boolean mask, in its own dtype; everything else is computed in float32
-(float64 for float64 inputs), queries in chunks so that no more than a bounded number of scores exists at once.
+cache kept (whose slots need not be in position order). `token_attention` is the general form in plain torch: a
+single query in half precision (a decode step) goes through torch's fused SDPA with a boolean mask, in its own dtype;
+everything else is computed in float32 (float64 for float64 inputs), queries in chunks so that no more than a
+bounded number of scores exists at once.
+
+A prompt chunk over keys stored in position order has two fused forms, both torch SDPA in the inputs' dtype (flash
+or memory-efficient kernels on a GPU): `causal_suffix_attention` for heads that keep every key, and
+`streaming_suffix_attention` for SSA heads whose sink and window are complete.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from elastic_attention.patterns.tokens import token_rule_mask
 
@@ -95,3 +101,84 @@ def token_attention(
         weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
         output[:, :, rows] = torch.einsum("hgqs,hsd->hgqd", weights, values)
     return output.to(query.dtype)
+
+
+def _grouped(states: torch.Tensor, group: int) -> torch.Tensor:
+    """[H, S, D] -> [H, g, S, D], contiguous (the fused kernels take one key head per query head)."""
+    return states[:, None].expand(-1, group, -1, -1).contiguous()
+
+
+def causal_suffix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+    """Queries at the last n of L positions over all L keys, causal (lower-right aligned), with fused SDPA.
+
+    Equals `token_attention` with query positions ``L - n .. L - 1``, key positions ``0 .. L - 1`` and no
+    streaming head.
+
+    Args:
+        query: [H, g, n, D], the g query heads of each of H KV heads.
+        key, value: [H, L, D] in position order, L >= n.
+
+    Returns:
+        [H, g, n, D] in the dtype of ``query``.
+    """
+    group, num_queries = query.shape[1], query.shape[2]
+    length = key.shape[1]
+    if num_queries > length:
+        raise ValueError(f"{num_queries} queries cannot be the suffix of {length} keys")
+    mask = causal_lower_right(num_queries, length)
+    return F.scaled_dot_product_attention(query, _grouped(key, group), _grouped(value, group), attn_mask=mask,
+                                          scale=scale)
+
+
+def streaming_suffix_attention(
+    query: torch.Tensor,
+    sink_key: torch.Tensor,
+    sink_value: torch.Tensor,
+    window_key: torch.Tensor,
+    window_value: torch.Tensor,
+    *,
+    local_tokens: int,
+    scale: float,
+    block: int | None = None,
+) -> torch.Tensor:
+    """SSA queries of a prompt chunk over a complete sink and window, by the token rule, with fused SDPA.
+
+    The n queries sit at positions ``p0 .. p0 + n - 1`` with ``p0 >= sink + local``; ``window_key`` holds positions
+    ``p0 - local .. p0 + n - 1`` in order (the ``local`` kept before the chunk, then the chunk's own keys). A query
+    at position p sees the sink and the window positions in ``(p - local, p]``, so query i sees window entries
+    ``i + 1 .. i + local``. Queries go in blocks of ``block`` rows, each over the sink and the ``block + local - 1``
+    window entries its rows can see, under one band mask shared by all blocks.
+
+    Args:
+        query: [H, g, n, D].
+        sink_key, sink_value: [H, sink, D], positions ``0 .. sink - 1``.
+        window_key, window_value: [H, local + n, D].
+        local_tokens: the window size in tokens.
+        block: query rows per SDPA call (default ``local_tokens``).
+
+    Returns:
+        [H, g, n, D] in the dtype of ``query``; equals `token_attention` under the same rule.
+    """
+    group, num_queries = query.shape[1], query.shape[2]
+    if window_key.shape[1] != local_tokens + num_queries:
+        raise ValueError(
+            f"window_key must hold local_tokens + n = {local_tokens + num_queries} entries, got {window_key.shape[1]}"
+        )
+    block = block or local_tokens
+    sink = sink_key.shape[1]
+    rows = torch.arange(block, device=query.device)[:, None]
+    columns = torch.arange(block + local_tokens - 1, device=query.device)[None, :]
+    band = (columns >= rows) & (columns <= rows + local_tokens - 1)  # [block, block + local - 1]
+    mask = torch.cat([band.new_ones(block, sink), band], dim=1)
+    sink_keys, sink_values = _grouped(sink_key, group), _grouped(sink_value, group)
+    output = torch.empty_like(query)
+    for first in range(0, num_queries, block):
+        count = min(block, num_queries - first)
+        span = slice(first + 1, first + count + local_tokens)
+        keys = torch.cat([sink_keys, _grouped(window_key[:, span], group)], dim=2)
+        values = torch.cat([sink_values, _grouped(window_value[:, span], group)], dim=2)
+        output[:, :, first : first + count] = F.scaled_dot_product_attention(
+            query[:, :, first : first + count], keys, values, attn_mask=mask[:count, : sink + count + local_tokens - 1],
+            scale=scale,
+        )
+    return output

@@ -14,7 +14,13 @@ caches must give the same next-token logits at batch 1 (``--tolerance``, relativ
 two differ by kernel rounding). Decode steps run with torch's cuDNN SDPA left out (it plans a graph per key length,
 milliseconds of host time per step); the dense model is timed also with torch's default choice.
 
+``--prefill-chunk N`` feeds the prompt to the bounded cache in chunks of N tokens (the first chunk routes; later
+chunks attend by the token rule, see `ElasticCache`), so prompts whose one-pass activations would not fit can be
+measured: the longest context of item 4. Each row records the prefill's seconds and peak memory.
+
   elastic-attention bench decode --lengths 32k,128k --batch 1,8 --out benchmarks/results/decode.json
+  elastic-attention bench decode --lengths 1m --batch 1 --caches bounded --prefill-chunk 64k --steps 5 \\
+      --out benchmarks/results/decode_1m.json
   elastic-attention bench decode --device cpu --layers 2 --hidden 128 --heads 4 --kv-heads 2 --intermediate 256 \\
       --vocab 500 --lengths 300 --batch 1,2 --block-size 64 --sink 64 --local 128 --out /tmp/decode.json
 """
@@ -22,6 +28,7 @@ milliseconds of host time per step); the dense model is timed also with torch's 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import torch
@@ -56,6 +63,33 @@ def batch_sizes(text: str) -> list[int]:
     return sizes
 
 
+def prefill(model, prompt: torch.Tensor, kind: str, chunk: int, device: torch.device):
+    """The model's output for ``prompt`` [1, L] with a cache: one pass, or chunks of ``chunk`` tokens (bounded only).
+
+    Returns:
+        (the last forward's output, with its ``past_key_values``; seconds; peak GPU memory in GiB or None).
+    """
+    length = prompt.shape[1]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    if not chunk or chunk >= length:
+        output = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
+    else:
+        cache = ElasticCache(model)
+        for begin in range(0, length, chunk):
+            end = min(length, begin + chunk)
+            output = model(input_ids=prompt[:, begin:end], attention_mask=torch.ones(1, end, dtype=torch.long,
+                                                                                      device=device),
+                           past_key_values=cache, use_cache=True, logits_to_keep=1)
+    peak = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+    return output, time.perf_counter() - start, peak
+
+
 def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.device) -> tuple[list[dict], torch.Tensor]:
     """Prefill ``prompt`` [1, L] with one cache kind, then time decode steps at every batch size.
 
@@ -70,7 +104,7 @@ def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.dev
     state = {}
     try:
         with torch.inference_mode():
-            output = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
+            output, prefill_s, prefill_peak = prefill(model, prompt, kind, args.prefill_chunk, device)
             state.update(cache=output.past_key_values, length=length, token=output.logits[:, -1:].argmax(-1))
             del output
 
@@ -82,7 +116,8 @@ def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.dev
                              use_cache=True, logits_to_keep=1)
 
             for size in args.batch:
-                row = {"length": length, "batch": size, "cache": kind}
+                row = {"length": length, "batch": size, "cache": kind, "prefill_s": prefill_s,
+                       "prefill_peak_memory_gib": prefill_peak, "prefill_chunk": args.prefill_chunk}
                 rows.append(row)
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
@@ -167,6 +202,8 @@ def parse_args(argv=None):
     parser.add_argument("--msr", type=float, default=0.7)
     add_model_arguments(parser)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--prefill-chunk", type=lambda text: parse_tokens(text)[0], default=0,
+                        help="prefill the bounded cache in chunks of this many tokens (0: one pass)")
     parser.add_argument("--tolerance", type=float, default=0.1,
                         help="largest next-token logit difference allowed, relative to the largest logit")
     parser.add_argument("--out", type=Path, required=True)
@@ -175,6 +212,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     arguments = parse_args(argv)
+    if arguments.prefill_chunk and set(arguments.caches) != {"bounded"}:
+        raise SystemExit("--prefill-chunk needs --caches bounded: the full and dense caches attend later chunks by "
+                         "plain torch or by materialized masks")
     write_result(arguments.out, run(arguments))
 
 

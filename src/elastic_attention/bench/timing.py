@@ -58,9 +58,12 @@ def dense_baselines(query, key, value, device: torch.device, repeats: int) -> di
     return result
 
 
+_TOKEN_SUFFIXES = {"k": 1 << 10, "m": 1 << 20}
+
+
 def parse_tokens(text: str) -> list[int]:
-    """``"8k,32k,1000"`` -> [8192, 32768, 1000]."""
-    return [int(t[:-1]) * 1024 if t.endswith("k") else int(t) for t in text.split(",")]
+    """``"8k,32k,1000,1m"`` -> [8192, 32768, 1000, 1048576]."""
+    return [int(t[:-1]) * _TOKEN_SUFFIXES[t[-1]] if t[-1] in _TOKEN_SUFFIXES else int(t) for t in text.split(",")]
 
 
 def run_header(device: torch.device) -> dict:

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from elastic_attention.backends.tokens import attend_single_query, single_query_kernels, token_attention
+from elastic_attention.backends.tokens import (
+    attend_single_query,
+    causal_suffix_attention,
+    single_query_kernels,
+    streaming_suffix_attention,
+    token_attention,
+)
 from elastic_attention.errors import InputError
 
 
@@ -174,27 +180,41 @@ class ElasticCacheLayer(CacheLayerMixin):
                      scale: float) -> None:
         """Several new queries of one sequence (a prefill chunk) under the token rule, before the ring is written.
 
+        Full-store heads keep every key in position order: one fused causal call. Ring heads whose sink and window
+        are complete (the chunk starts at ``sink + local`` or later) read the sink and the window in position order
+        (the ring rotated) followed by the chunk's own keys: fused calls with a band mask. A chunk that starts
+        earlier goes through the general `token_attention`.
+
         Args:
             queries, result: [Hkv, g, n, D] views of the step's queries and of the output rows.
         """
         config = self.cache.runtime.config
-        rule = dict(sink_tokens=config.sink_tokens, local_tokens=config.local_tokens, scale=scale)
+        sink, local = config.sink_tokens, config.local_tokens
         length, count = store.length, queries.shape[2]
-        device = queries.device
-        query_positions = torch.arange(length - count, length, device=device)
+        first = length - count
         if store.full_heads.numel():
             heads = store.full_heads
-            result[heads] = token_attention(
-                queries[heads], store.full_keys[:, :length], store.full_values[:, :length], query_positions,
-                torch.arange(length, device=device), torch.zeros_like(heads, dtype=torch.bool), **rule,
+            result[heads] = causal_suffix_attention(queries[heads], store.full_keys[:, :length],
+                                                    store.full_values[:, :length], scale)
+        if not store.ring_heads.numel():
+            return
+        heads = store.ring_heads
+        if first >= sink + local:
+            shift = (first - sink) % local  # the window slot of position first - local
+            window = [torch.cat([ring[:, sink:].roll(-shift, dims=1), new], dim=1)
+                      for ring, new in ((store.ring_keys, staged.keys), (store.ring_values, staged.values))]
+            result[heads] = streaming_suffix_attention(
+                queries[heads], store.ring_keys[:, :sink], store.ring_values[:, :sink], *window,
+                local_tokens=local, scale=scale,
             )
-        if store.ring_heads.numel():
-            heads = store.ring_heads
-            result[heads] = token_attention(
-                queries[heads], torch.cat([store.ring_keys, staged.keys], dim=1),
-                torch.cat([store.ring_values, staged.values], dim=1), query_positions,
-                torch.cat([store.ring_positions, query_positions]), torch.ones_like(heads, dtype=torch.bool), **rule,
-            )
+            return
+        query_positions = torch.arange(first, length, device=queries.device)
+        result[heads] = token_attention(
+            queries[heads], torch.cat([store.ring_keys, staged.keys], dim=1),
+            torch.cat([store.ring_values, staged.values], dim=1), query_positions,
+            torch.cat([store.ring_positions, query_positions]), torch.ones_like(heads, dtype=torch.bool),
+            sink_tokens=sink, local_tokens=local, scale=scale,
+        )
 
     def _attend_one(self, store: SequenceStore, staged: StagedEntries, queries: torch.Tensor, result: torch.Tensor,
                     scale: float) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -54,6 +56,19 @@ class AttentionRouter(nn.Module):
                 nn.init.zeros_(module.bias)
         if self.num_kv_heads is not None:
             nn.init.zeros_(self.head_bias)
+
+    @torch.no_grad()
+    def set_full_probability(self, probability: float) -> None:
+        """Bias the output layer so that, before any training, P(full) = ``probability`` for every input.
+
+        The output bias becomes ``[0, log(p / (1 - p))]`` (sparse, full); the initial weights make the rest of the
+        logit close to zero, so the first decisions are full attention with probability about ``p``.
+        """
+        if not 0 < probability < 1:
+            raise ValueError(f"probability must be in (0, 1), got {probability}")
+        bias = self.router_mlp[-1].bias
+        bias.zero_()
+        bias[1] = math.log(probability / (1 - probability))
 
     @torch.no_grad()
     def set_feature_statistics(self, pooled_keys: torch.Tensor) -> None:

@@ -61,6 +61,9 @@ class TrainConfig:
         temperature: see `TemperatureSchedule`.
         margin_limit: clamp of the router's logit margin while sampling (forward only, see
             `straight_through_decision`); ``None`` (the paper) leaves it free.
+        initial_full_probability: probability that a router's first decisions choose full attention, set through
+            the bias of its output layer before step 0 (routing starts near the dense model and the objective
+            prunes heads from there); ``None`` (the paper) keeps the zero bias, a coin flip.
         checkpoint_every: steps between checkpoints (0: only at the end).
         seed: initialisation and Gumbel-noise seed.
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
@@ -87,6 +90,7 @@ class TrainConfig:
     grad_clip: float = 5.0
     temperature: TemperatureSchedule = field(default_factory=TemperatureSchedule)
     margin_limit: float | None = None
+    initial_full_probability: float | None = None
     checkpoint_every: int = 0
     seed: int = 0
     device: str = "auto"
@@ -108,6 +112,10 @@ class TrainConfig:
             raise ConfigError(f"`device` must be auto, cpu or cuda, got {self.device!r}")
         if self.margin_limit is not None and not self.margin_limit > 0:
             raise ConfigError(f"`margin_limit` must be a positive number of logits or null, got {self.margin_limit}")
+        if self.initial_full_probability is not None and not 0 < self.initial_full_probability < 1:
+            raise ConfigError(
+                f"`initial_full_probability` must be in (0, 1) or null, got {self.initial_full_probability}"
+            )
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"`warmup_fraction` must be in [0, 1), got {self.warmup_fraction}")
         if self.data.source == "suite":

@@ -97,6 +97,9 @@ class RouterTrainer:
         restored = self._restore() if resume else False
         if config.elastic_config.router_standardize and not restored:
             self._calibrate_routers()
+        if config.initial_full_probability is not None and not restored:
+            for router in routers_of(model).values():
+                router.set_full_probability(config.initial_full_probability)
 
     def _calibrate_routers(self) -> None:
         """Set the standardizing routers' per-head input statistics from the first packs.
