@@ -33,9 +33,8 @@ elif [ "$MODE" = chunks ]; then
     --steps 5 --out "$OUT/decode_chunked_256k.json" > "$R/decode_chunked_256k.log" 2>&1
   cp "$R"/*.log "$OUT/"
 elif [ "$MODE" = long ]; then
-  timeout 560 $cli bench decode --lengths 1m --batch 1 --caches bounded --backend flex --prefill-chunk 64k \
-    --steps 5 --out "$OUT/decode_1m.json" > "$OUT/decode_1m.log" 2>&1
-  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >> "$OUT/decode_1m.log"
+  timeout 575 $cli bench decode --lengths ${2:-1m} --batch 1 --caches bounded --backend flex --prefill-chunk 64k \
+    --steps 5 --out "$OUT/decode_${2:-1m}.json" > "$OUT/decode_${2:-1m}.log" 2>&1
 else
   echo "unknown mode $MODE (probe, chunks or long)" >&2; exit 2
 fi

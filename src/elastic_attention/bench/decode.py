@@ -83,6 +83,7 @@ def prefill(model, prompt: torch.Tensor, kind: str, chunk: int, device: torch.de
             output = model(input_ids=prompt[:, begin:end], attention_mask=torch.ones(1, end, dtype=torch.long,
                                                                                       device=device),
                            past_key_values=cache, use_cache=True, logits_to_keep=1)
+            print(f"prefill: {end} of {length} tokens after {time.perf_counter() - start:.1f} s", flush=True)
     peak = None
     if device.type == "cuda":
         torch.cuda.synchronize(device)
