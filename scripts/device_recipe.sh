@@ -7,7 +7,9 @@
 # e_chain was the shipped tiny backbone until "local3"'s l3_20, whose flags are the script's defaults now. "local": the
 # fifth session's runs (dense local count and pattern blocks, --dense-local-rate); "local2": the same after the
 # short phase (--local-start-step); "local3": one run alone per GPU. "count": the sixth session's tiny runs asking
-# about every colour of a count block (--count-questions every) and a small run with the same data.
+# about every colour of a count block (--count-questions every) and a small run with the same data. "short": the
+# seventh session's small runs with a shorter 256-token phase (2600 and 3200 steps instead of 4000), one per GPU,
+# each evaluated also under all-SSA at 4096 and 8192 tokens; the better one's weights come back.
 set -u
 SET=${1:-search3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
@@ -134,7 +136,33 @@ elif [ "$SET" = count ]; then
   wait
   tar -C "$W" -cf - small_c | split -b 15m - "$OUT/small_c.tar.part-"
   pack_runs c_s0 c_s1
+elif [ "$SET" = short ]; then
+  # After count: small_c's 256-token phase took 295 of its 430 s, leaving about 1670 steps of long sequences on a
+  # decayed learning rate; variable tracking 0.875, local_pattern 0.625 at 4096. The small preset learned key
+  # matching at step ~2100 in the echo set, so the long phase can start earlier.
+  for spec in "small_s26 0 2600" "small_s32 1 3200"; do
+    set -- $spec
+    S="--length-warmup-steps $3 --suite-start-step $3 --local-start-step $3"
+    ( CUDA_VISIBLE_DEVICES=$2 timeout 480 python3 scripts/pretrain_backbone.py --out "$W/$1" --preset small \
+        --num-workers 14 --eval-samples 24 $S > "$W/$1.log" 2>&1
+      CUDA_VISIBLE_DEVICES=$2 timeout 60 python3 -m elastic_attention.cli eval --model "$W/$1" --modes full,sparse \
+        --tasks all --lengths 4096,8192 --samples 16 --batch-size 16 --out "$W/$1_eval" \
+        > "$W/$1_eval.log" 2>&1 ) &
+  done
+  wait
+  best=$(python3 - "$W" <<'PY'
+import json, pathlib, sys
+runs = []
+for path in pathlib.Path(sys.argv[1]).glob("small_s*/train_summary.json"):
+    ev = json.loads(path.read_text())["eval"]
+    runs.append((ev["sensitive_mean"] + ev["robust_mean"], path.parent.name))
+print(max(runs)[1] if runs else "")
+PY
+)
+  [ -n "$best" ] && tar -C "$W" -cf - "$best" | split -b 15m - "$OUT/$best.tar.part-"
+  tar -C "$W" -czf "$OUT/logs.tgz" gpu.txt $(cd "$W" && ls *.log) $(cd "$W" && ls */train_summary.json) \
+    $(cd "$W" && ls small_s*_eval/eval.json)
 else
-  echo "unknown SET $SET (search3, echo, echo2, echo3, local, local2, local3 or count)" >&2; exit 2
+  echo "unknown SET $SET (search3, echo, echo2, echo3, local, local2, local3, count or short)" >&2; exit 2
 fi
 ls -la "$OUT"
