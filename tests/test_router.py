@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from elastic_attention.errors import InputError
 from elastic_attention.patterns import SequenceLayout
 from elastic_attention.router import AttentionRouter, boundary_pool, gumbel_noise, straight_through_decision
 
@@ -134,6 +135,17 @@ def test_boundary_pool_per_sequence():
     torch.testing.assert_close(pooled[0], expected_first)
     # The short prompt pools every token it has, and never a pad token.
     torch.testing.assert_close(pooled[1], keys[1, 23:].mean(0))
+
+
+def test_boundary_pool_reads_only_the_prompt_of_each_packed_sample():
+    keys = torch.randn(1, 20, 2, 4)
+    layout = SequenceLayout.from_position_ids(torch.tensor([list(range(12)) + list(range(8))]))
+    pooled = boundary_pool(keys, layout, first=2, last=3, prompt_lengths=[9, 4])
+    torch.testing.assert_close(pooled[0], keys[0, [0, 1, 6, 7, 8]].mean(0))  # answer tokens 9..11 unseen
+    torch.testing.assert_close(pooled[1], keys[0, 12:16].mean(0))  # a 4-token prompt: every prompt token
+    for bad in ([9], [0, 4], [13, 4]):
+        with pytest.raises(InputError, match="prompt_lengths must give one length"):
+            boundary_pool(keys, layout, first=2, last=3, prompt_lengths=bad)
 
 
 def test_boundary_pool_packed_sequences_never_mix():

@@ -262,6 +262,34 @@ def test_supervised_loss_equals_the_models_own_loss_over_labelled_tokens():
     torch.testing.assert_close(supervised_loss(model, pack, torch.device("cpu")), expected)
 
 
+def test_routers_pool_the_prompt_of_a_training_sample_never_its_answer():
+    """Oracle: the routers' inputs for each prompt run alone, as at inference, against the same prompts packed with
+    their answers for training."""
+    from conftest import tiny_model
+
+    from elastic_attention import ElasticConfig, attach, routers_of
+    from elastic_attention.training.trainer import supervised_loss
+
+    rows = [EncodedRow(list(range(3, 40)), [70, 71, 72, 73, 74], "a"), EncodedRow(list(range(20, 45)), [80, 81], "b")]
+    pack = pack_rows(rows, budget=128)[0]
+    model = attach(tiny_model("qwen3"), ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4,
+                                                      pool_first=4, pool_last=6))
+    seen = []
+    for router in routers_of(model).values():
+        router.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach().clone()))
+    model.eval()
+    with torch.no_grad():
+        for row in rows:
+            model(input_ids=torch.tensor([row.prompt_ids]), use_cache=False)
+        alone = [torch.cat([seen[i], seen[i + len(seen) // 2]]) for i in range(len(seen) // 2)]
+        seen.clear()
+        supervised_loss(model, pack, torch.device("cpu"))
+        torch.testing.assert_close(seen, alone)
+        seen.clear()
+        model(input_ids=pack.input_ids[None], position_ids=pack.position_ids[None], use_cache=False)
+    assert not torch.allclose(seen[0], alone[0])  # without the prompt lengths, the answers would be pooled
+
+
 def test_gradient_checkpointing_reproduces_the_router_gradients():
     from conftest import tiny_model
 

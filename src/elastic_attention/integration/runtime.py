@@ -41,6 +41,11 @@ class ElasticRuntime:
         num_layers: decoder layers of the model.
         cache_kind: ``"bounded"``: generation (and any eval-mode forward that caches) uses an `ElasticCache`;
             ``"full"``: Hugging Face's own cache, every key of every head kept.
+
+    Attributes:
+        next_prompt_lengths: set before a prefill whose sequences carry more than their prompt (a training pack:
+            prompt, then answer): per sequence, its prompt's length in tokens. The routers then pool the prompt
+            only, as they do at inference, and never see the answer. Consumed by the next prefill.
     """
 
     def __init__(
@@ -70,6 +75,8 @@ class ElasticRuntime:
         self._builder: BlockTableBuilder | None = None
         self._causal_pairs: tuple[SequenceLayout, torch.Tensor] | None = None
         self.layout: SequenceLayout | None = None
+        self.next_prompt_lengths: list[int] | None = None
+        self.prompt_lengths: list[int] | None = None
         self.decisions: dict[int, torch.Tensor] = {}
         self.pairs: dict[int, torch.Tensor] = {}
         self.report: RoutingReport | None = None
@@ -123,6 +130,8 @@ class ElasticRuntime:
             self.decisions = {}
             self.pairs = {}
             self.noise_seeds = {}
+            # Kept for the whole forward and its backward (a recomputed layer pools the same tokens).
+            self.prompt_lengths, self.next_prompt_lengths = self.next_prompt_lengths, None
         self.layout = layout
         return (args, kwargs) if replaced else None
 
@@ -179,7 +188,7 @@ class ElasticRuntime:
             z = z.expand(layout.num_sequences, -1)
         else:
             router = self.routers[layer_index]
-            pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last)
+            pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self.prompt_lengths)
             z = router(pooled, generator=self._noise_generator(layer_index, keys.device) if router.training else None)
         self.decisions[layer_index] = z
 

@@ -74,6 +74,11 @@ class Pack:
     tasks: tuple[str, ...]
     spans: tuple[tuple[int, int, int], ...]
 
+    @property
+    def prompt_lengths(self) -> list[int]:
+        """The prompt length of each sample: what the routers pool (they never see the answer)."""
+        return [prompt_length for _, _, prompt_length in self.spans]
+
 
 def encode_row(tokenizer, row: Row) -> EncodedRow:
     """Render a row with the tokenizer's chat template: prompt with generation prompt, then the answer turn.

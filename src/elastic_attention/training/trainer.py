@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_attention.adapters import router_state_dict, save_router
-from elastic_attention.integration import attach, routers_of, routing_report, runtime_of
+from elastic_attention.integration import attach, is_attached, routers_of, routing_report, runtime_of
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.checkpoint import flatten_optimizer, load_latest, save_checkpoint, unflatten_optimizer
 from elastic_attention.training.config import TrainConfig
@@ -122,6 +122,7 @@ class RouterTrainer:
                 for pack in self.packs:
                     if sequences >= CALIBRATION_SEQUENCES:
                         break
+                    self.runtime.next_prompt_lengths = pack.prompt_lengths
                     self.model(input_ids=pack.input_ids[None].to(self.device),
                                position_ids=pack.position_ids[None].to(self.device), logits_to_keep=1, use_cache=False)
                     sequences += len(pack.tasks)
@@ -432,6 +433,8 @@ def supervised_loss(model, pack: Pack, device: torch.device) -> torch.Tensor:
     keep = (targets != IGNORE_INDEX).nonzero().flatten()
     if keep.numel() == 0:
         raise ValueError("a pack has no supervised token; every row needs a non-empty answer")
+    if is_attached(model):
+        runtime_of(model).next_prompt_lengths = pack.prompt_lengths
     output = model(
         input_ids=pack.input_ids[None].to(device),
         position_ids=pack.position_ids[None].to(device),
