@@ -12,6 +12,11 @@ Commands (one H200; the repository root as working directory):
 
     PYTHONUNBUFFERED=1 PYTHONPATH=src python scripts/pretrain_backbone.py --preset small --out runs/backbone-small
 
+  The small backbone of the results is run ``small_s26`` of ``OUT=$OUT bash scripts/device_recipe.sh short``
+  (2026-11-30, alone on one H200, these defaults with ``--num-workers 14 --eval-samples 24``; its 2600 steps at 256
+  tokens are the small preset's default since): 5735 steps, 185M tokens in 430 s, every task 1.000 at 4096 tokens
+  but local_count 0.375 (``benchmarks/results/backbones_2026-11-30.md``).
+
   CPU smoke test (seconds):
 
     PYTHONPATH=src python scripts/pretrain_backbone.py --preset tiny --max-steps 2 --max-len 256 --device cpu \
@@ -149,7 +154,7 @@ SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_
 
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(4, 256, 4, 2, 128, 768, max_len=2048, lr=1e-3, max_seconds=430.0, short_phase_steps=3500),
-    "small": Preset(8, 512, 8, 2, 128, 1024, max_len=4096, lr=1e-3, max_seconds=430.0, short_phase_steps=4000),
+    "small": Preset(8, 512, 8, 2, 128, 1024, max_len=4096, lr=1e-3, max_seconds=430.0, short_phase_steps=2600),
 }
 
 
