@@ -9,6 +9,9 @@
 #      then a chunked bounded prefill at 256K as a check of speed)
 #   4. OUT=$OUT bash scripts/device_session7.sh long   (issue 6 item 4: the longest context, the bounded cache
 #      prefilled in 64K chunks to 1M tokens, then decode steps)
+#   5. carry artifacts/backbone-small (small_s26 of device_recipe.sh short): OUT=$OUT bash scripts/device_session7.sh
+#      finding   (issue 4 item 7 on the new small backbone, routers pooling the prompt only; the sixth session's
+#      std_t5 settings; every output written to $OUT as it comes, the call runs on the session's last minutes)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 start=$(date +%s)
@@ -35,8 +38,15 @@ elif [ "$MODE" = chunks ]; then
 elif [ "$MODE" = long ]; then
   timeout 575 $cli bench decode --lengths ${2:-1m} --batch 1 --caches bounded --backend flex --prefill-chunk 64k \
     --steps 5 --out "$OUT/decode_${2:-1m}.json" > "$OUT/decode_${2:-1m}.log" 2>&1
+elif [ "$MODE" = finding ]; then
+  timeout 110 $cli train scripts/small_finding.yaml output_dir=/tmp/std_t5 elastic.router_standardize=true \
+    targets.needle_multikey=0.5 targets.variable_tracking=0.5 --no-progress > "$OUT/std_t5_train.log" 2>&1
+  cp /tmp/std_t5/summary.json "$OUT/std_t5_summary.json"; cp /tmp/std_t5/metrics.csv "$OUT/std_t5_metrics.csv"
+  timeout 60 $cli eval --model artifacts/backbone-small --router /tmp/std_t5/router \
+    --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
+    --lengths 4096,8192 --samples 24 --batch-size 24 --out "$OUT/std_t5_eval" > "$OUT/std_t5_eval.log" 2>&1
 else
-  echo "unknown mode $MODE (probe, chunks or long)" >&2; exit 2
+  echo "unknown mode $MODE (probe, chunks, long or finding)" >&2; exit 2
 fi
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"
