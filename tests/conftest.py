@@ -61,6 +61,27 @@ def token_mask(length: int, block_size: int, mode: str, sink_blocks: int = 0, lo
     return mask
 
 
+def streaming_suffix_case(count: int, sink: int, local: int, head_dim: int, scale: float, gap: int = 6):
+    """Float64 inputs of `streaming_suffix_attention` (2 streaming KV heads of 3 grouped queries, a chunk of
+    ``count`` queries starting ``gap`` tokens after a complete window) and the expected output by the token rule
+    (`token_attention` at the logical positions).
+
+    Returns:
+        ((query, sink_key, sink_value, window_key, window_value), expected).
+    """
+    from elastic_attention.backends.tokens import token_attention
+
+    first = sink + local + gap
+    query = torch.randn(2, 3, count, head_dim, dtype=torch.float64)
+    sink_key, sink_value = torch.randn(2, 2, sink, head_dim, dtype=torch.float64)
+    window_key, window_value = torch.randn(2, 2, local + count, head_dim, dtype=torch.float64)
+    positions = torch.cat([torch.arange(sink), torch.arange(first - local, first + count)])
+    expected = token_attention(query, torch.cat([sink_key, window_key], 1), torch.cat([sink_value, window_value], 1),
+                               torch.arange(first, first + count), positions, torch.ones(2, dtype=torch.bool),
+                               sink_tokens=sink, local_tokens=local, scale=scale)
+    return (query, sink_key, sink_value, window_key, window_value), expected
+
+
 def masked_attention_float64(query, key, value, mask, scale):
     """Oracle: softmax attention in float64 with an explicit [Hq, Lq, Lk] mask. query [Hq, Lq, D], key [Hkv, Lk, D]."""
     group = query.shape[0] // key.shape[0]

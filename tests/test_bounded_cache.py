@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import streaming_suffix_case, tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, InputError, attach, force_routing, routers_of
 from elastic_attention.backends.tokens import causal_suffix_attention, streaming_suffix_attention, token_attention
@@ -165,16 +165,8 @@ def test_causal_suffix_attention_matches_the_float64_rule(count, length):
 def test_streaming_suffix_attention_matches_the_float64_rule(count, block, sink, local):
     """Oracle: `token_attention` over sink, window and chunk at their logical positions, every head streaming."""
     torch.manual_seed(count + local)
-    first = sink + local + 6  # the chunk starts after a complete window, as the cache calls it
-    query = torch.randn(2, 3, count, 16, dtype=torch.float64)
-    sink_key, sink_value = torch.randn(2, 2, sink, 16, dtype=torch.float64)
-    window_key, window_value = torch.randn(2, 2, local + count, 16, dtype=torch.float64)
-    positions = torch.cat([torch.arange(sink), torch.arange(first - local, first + count)])
-    expected = token_attention(query, torch.cat([sink_key, window_key], 1), torch.cat([sink_value, window_value], 1),
-                               torch.arange(first, first + count), positions, torch.ones(2, dtype=torch.bool),
-                               sink_tokens=sink, local_tokens=local, scale=0.25)
-    actual = streaming_suffix_attention(query, sink_key, sink_value, window_key, window_value, local_tokens=local,
-                                        scale=0.25, block=block)
+    inputs, expected = streaming_suffix_case(count, sink, local, head_dim=16, scale=0.25)
+    actual = streaming_suffix_attention(*inputs, local_tokens=local, scale=0.25, block=block)
     torch.testing.assert_close(actual, expected)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import streaming_suffix_case, tiny_model
 
 from elastic_attention import ElasticConfig, attach, force_routing
 
@@ -62,17 +62,10 @@ def test_causal_suffix_attention_on_the_gpu_matches_float64(count, length):
 
 @pytest.mark.parametrize("count, local", [(3001, 2048), (77, 1000)])
 def test_streaming_suffix_attention_on_the_gpu_matches_float64(count, local):
-    from elastic_attention.backends.tokens import streaming_suffix_attention, token_attention
+    from elastic_attention.backends.tokens import streaming_suffix_attention
 
     torch.manual_seed(count)
-    sink, first = 128, 128 + local + 515
-    query = torch.randn(2, 4, count, 128, dtype=torch.float64)
-    sink_key, sink_value = torch.randn(2, 2, sink, 128, dtype=torch.float64)
-    window_key, window_value = torch.randn(2, 2, local + count, 128, dtype=torch.float64)
-    positions = torch.cat([torch.arange(sink), torch.arange(first - local, first + count)])
-    expected = token_attention(query, torch.cat([sink_key, window_key], 1), torch.cat([sink_value, window_value], 1),
-                               torch.arange(first, first + count), positions, torch.ones(2, dtype=torch.bool),
-                               sink_tokens=sink, local_tokens=local, scale=128**-0.5)
-    inputs = (t.to("cuda", torch.bfloat16) for t in (query, sink_key, sink_value, window_key, window_value))
-    actual = streaming_suffix_attention(*inputs, local_tokens=local, scale=128**-0.5)
+    inputs, expected = streaming_suffix_case(count, sink=128, local=local, head_dim=128, scale=128**-0.5, gap=515)
+    actual = streaming_suffix_attention(*(t.to("cuda", torch.bfloat16) for t in inputs), local_tokens=local,
+                                        scale=128**-0.5)
     assert float((actual.double().cpu() - expected).abs().max()) < 2e-2
