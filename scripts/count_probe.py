@@ -31,7 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pretrain_backbone as pretrain  # noqa: E402
 
 from elastic_attention.evaluation.tasks import SampleRandom, filler_sentence  # noqa: E402
-from elastic_attention.evaluation.vocabulary import COLOR_WORDS, PARAGRAPH_MARKER, SHARED_NOUNS, build_tokenizer  # noqa: E402
+from elastic_attention.evaluation.vocabulary import (  # noqa: E402
+    COLOR_WORDS,
+    PARAGRAPH_MARKER,
+    SHARED_NOUNS,
+    build_tokenizer,
+)
 
 QUESTIONS = {
     "mid": "question : how many times does the color {color} appear in the last paragraph ?",
@@ -102,7 +107,8 @@ def answer_loss(
     logits = model.lm_head(hidden[mask]).float()
     chosen = targets[mask]
     wrong = (logits.argmax(-1) != chosen).long()
-    owner = (answer_ids[:, 1:] + answer_ids.shape[1] * torch.arange(len(answer_ids), device=wrong.device)[:, None])[mask]
+    row_offsets = answer_ids.shape[1] * torch.arange(len(answer_ids), device=wrong.device)[:, None]
+    owner = (answer_ids[:, 1:] + row_offsets)[mask]  # a number per (row, answer)
     errors = torch.zeros(int(owner.max()) + 1, dtype=torch.long, device=wrong.device).index_add_(0, owner, wrong)
     answered = torch.zeros_like(errors).index_add_(0, owner, torch.ones_like(wrong)) > 0
     return F.cross_entropy(logits, chosen), (errors[answered] == 0).float().mean().item()
@@ -137,7 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
             group["lr"] = args.lr * min(1.0, (step + 1) / 100)
         first = (args.seed * args.steps + step) * args.batch_size
         with autocast:
-            loss, _ = answer_loss(model, *batch(range(first, first + args.batch_size), args.length, ids, template, device))
+            step_batch = batch(range(first, first + args.batch_size), args.length, ids, template, device)
+            loss, _ = answer_loss(model, *step_batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
