@@ -1,0 +1,49 @@
+"""scripts/count_probe.py's data: every supervised answer is the true count (and list) of the asked colour."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def probe():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        spec = importlib.util.spec_from_file_location("count_probe", SCRIPTS / "count_probe.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(SCRIPTS))
+        sys.modules.pop("pretrain_backbone", None)
+
+
+@pytest.mark.parametrize("question", ["mid", "last", "list"])
+def test_answers_are_recounted_from_the_paragraph(probe, question):
+    """Oracle: re-read each paragraph's colour sentences and the asked colour from the words themselves."""
+    from elastic_attention.evaluation.vocabulary import PARAGRAPH_MARKER, build_tokenizer
+
+    ids = build_tokenizer().get_vocab()
+    words_of = {index: word for word, index in ids.items()}
+    checked = 0
+    for seed in range(6):
+        input_ids, labels, answer_ids = probe.count_sequence(seed, 301, ids, probe.QUESTIONS[question])
+        words = [words_of[i] for i in input_ids]
+        for answer in sorted(set(answer_ids) - {-1}):
+            positions = [t for t, owner in enumerate(answer_ids) if owner == answer]
+            assert all(labels[t] == input_ids[t] for t in positions)
+            start = max(t for t in range(positions[0]) if words[t] == PARAGRAPH_MARKER)
+            question_at = max(t for t in range(positions[0]) if words[t] == "question")
+            asked = words[question_at:positions[0]][words[question_at:positions[0]].index("color") + 1]
+            nouns = [words[t + 4] for t in range(start, question_at - 3)
+                     if words[t : t + 3] == ["there", "is", "a"] and words[t + 3] == asked]
+            expected = (nouns if question == "list" else []) + [str(len(nouns))]
+            assert [words[t] for t in positions] == expected and 1 <= len(nouns) <= 4
+            checked += 1
+    assert checked > 10
