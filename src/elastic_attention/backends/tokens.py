@@ -154,7 +154,8 @@ def streaming_suffix_attention(
         sink_key, sink_value: [H, sink, D], positions ``0 .. sink - 1``.
         window_key, window_value: [H, local + n, D].
         local_tokens: the window size in tokens.
-        block: query rows per SDPA call (default ``local_tokens``).
+        block: query rows per SDPA call (default: ``local_tokens``, at most 2048 and at most n, which bounds the
+            mask at 2048 x (sink + 2048 + local) entries).
 
     Returns:
         [H, g, n, D] in the dtype of ``query``; equals `token_attention` under the same rule.
@@ -164,7 +165,7 @@ def streaming_suffix_attention(
         raise ValueError(
             f"window_key must hold local_tokens + n = {local_tokens + num_queries} entries, got {window_key.shape[1]}"
         )
-    block = block or local_tokens
+    block = block or min(local_tokens, 2048, num_queries)
     sink = sink_key.shape[1]
     rows = torch.arange(block, device=query.device)[:, None]
     columns = torch.arange(block + local_tokens - 1, device=query.device)[None, :]
