@@ -410,7 +410,12 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         summary = trainer.train()
         if config.checkpoint_every:
             trainer.save_checkpoint()
-        return trainer.finish(summary)
+        summary = trainer.finish(summary)
+        if trainer.world_size > 1 and dist.is_initialized():
+            # Ranks other than 0 return from finish at once; tearing the group down while rank 0 still writes its
+            # files aborted a gloo process now and then ("terminate called without an active exception").
+            dist.barrier()
+        return summary
     finally:
         trainer.cleanup()
 
