@@ -97,8 +97,9 @@ class RouterTrainer:
         restored = self._restore() if resume else False
         if config.elastic_config.router_standardize and not restored:
             self._calibrate_routers()
-        if config.initial_full_probability is not None and not restored:
-            for router in routers_of(model).values():
+        for router in routers_of(model).values():
+            router.margin_limit = config.margin_limit
+            if config.initial_full_probability is not None and not restored:
                 router.set_full_probability(config.initial_full_probability)
 
     def _calibrate_routers(self) -> None:
@@ -122,9 +123,7 @@ class RouterTrainer:
                 for pack in self.packs:
                     if sequences >= CALIBRATION_SEQUENCES:
                         break
-                    self.runtime.next_prompt_lengths = pack.prompt_lengths
-                    self.model(input_ids=pack.input_ids[None].to(self.device),
-                               position_ids=pack.position_ids[None].to(self.device), logits_to_keep=1, use_cache=False)
+                    forward_pack(self.model, pack, self.device, logits_to_keep=1)
                     sequences += len(pack.tasks)
         finally:
             for hook in hooks:
@@ -210,7 +209,6 @@ class RouterTrainer:
         temperature = config.temperature.at(self.step, config.steps)
         for router in routers_of(self.model).values():
             router.temperature = temperature
-            router.margin_limit = config.margin_limit
         scale = self._lr_scale(self.step)
         for group in self.optimizer.param_groups[:2]:
             group["lr"] = config.router_lr * scale
@@ -438,15 +436,17 @@ def supervised_loss(model, pack: Pack, device: torch.device) -> torch.Tensor:
     keep = (targets != IGNORE_INDEX).nonzero().flatten()
     if keep.numel() == 0:
         raise ValueError("a pack has no supervised token; every row needs a non-empty answer")
+    output = forward_pack(model, pack, device, logits_to_keep=keep.to(device))
+    return torch.nn.functional.cross_entropy(output.logits[0].float(), targets[keep].to(device))
+
+
+def forward_pack(model, pack: Pack, device: torch.device, logits_to_keep):
+    """The model's forward over one pack (its samples apart by their position ids, no cache); with elastic attention
+    attached, the routers pool each sample's prompt only, never its answer."""
     if is_attached(model):
         runtime_of(model).next_prompt_lengths = pack.prompt_lengths
-    output = model(
-        input_ids=pack.input_ids[None].to(device),
-        position_ids=pack.position_ids[None].to(device),
-        logits_to_keep=keep.to(device),
-        use_cache=False,
-    )
-    return torch.nn.functional.cross_entropy(output.logits[0].float(), targets[keep].to(device))
+    return model(input_ids=pack.input_ids[None].to(device), position_ids=pack.position_ids[None].to(device),
+                 logits_to_keep=logits_to_keep, use_cache=False)
 
 
 def _postfix(metrics: dict) -> str:
