@@ -63,8 +63,9 @@ def batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def prefill(model, prompt: torch.Tensor, kind: str, chunk: int, device: torch.device):
-    """The model's output for ``prompt`` [1, L] with a cache: one pass, or chunks of ``chunk`` tokens (bounded only).
+def prefill(model, prompt: torch.Tensor, chunk: int, device: torch.device):
+    """The model's output for ``prompt`` [1, L] with a cache: one pass, or chunks of ``chunk`` tokens into an
+    `ElasticCache` (``main`` allows chunks for the bounded cache only).
 
     Returns:
         (the last forward's output, with its ``past_key_values``; seconds; peak GPU memory in GiB or None).
@@ -105,7 +106,7 @@ def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.dev
     state = {}
     try:
         with torch.inference_mode():
-            output, prefill_s, prefill_peak = prefill(model, prompt, kind, args.prefill_chunk, device)
+            output, prefill_s, prefill_peak = prefill(model, prompt, args.prefill_chunk, device)
             state.update(cache=output.past_key_values, length=length, token=output.logits[:, -1:].argmax(-1))
             del output
 
