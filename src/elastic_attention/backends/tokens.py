@@ -104,8 +104,8 @@ def token_attention(
 
 
 def _grouped(states: torch.Tensor, group: int) -> torch.Tensor:
-    """[H, S, D] -> [H, g, S, D], contiguous (the fused kernels take one key head per query head)."""
-    return states[:, None].expand(-1, group, -1, -1).contiguous()
+    """[H, S, D] -> [H, g, S, D], a view (the fused kernels take one key head per query head)."""
+    return states[:, None].expand(-1, group, -1, -1)
 
 
 def causal_suffix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
@@ -126,8 +126,8 @@ def causal_suffix_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     if num_queries > length:
         raise ValueError(f"{num_queries} queries cannot be the suffix of {length} keys")
     mask = causal_lower_right(num_queries, length)
-    return F.scaled_dot_product_attention(query, _grouped(key, group), _grouped(value, group), attn_mask=mask,
-                                          scale=scale)
+    keys, values = _grouped(key, group).contiguous(), _grouped(value, group).contiguous()
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
 
 
 def streaming_suffix_attention(
@@ -171,13 +171,12 @@ def streaming_suffix_attention(
     columns = torch.arange(block + local_tokens - 1, device=query.device)[None, :]
     band = (columns >= rows) & (columns <= rows + local_tokens - 1)  # [block, block + local - 1]
     mask = torch.cat([band.new_ones(block, sink), band], dim=1)
-    sink_keys, sink_values = _grouped(sink_key, group), _grouped(sink_value, group)
     output = torch.empty_like(query)
     for first in range(0, num_queries, block):
         count = min(block, num_queries - first)
         span = slice(first + 1, first + count + local_tokens)
-        keys = torch.cat([sink_keys, _grouped(window_key[:, span], group)], dim=2)
-        values = torch.cat([sink_values, _grouped(window_value[:, span], group)], dim=2)
+        keys = torch.cat([_grouped(sink_key, group), _grouped(window_key[:, span], group)], dim=2)  # one copy
+        values = torch.cat([_grouped(sink_value, group), _grouped(window_value[:, span], group)], dim=2)
         output[:, :, first : first + count] = F.scaled_dot_product_attention(
             query[:, :, first : first + count], keys, values, attn_mask=mask[:count, : sink + count + local_tokens - 1],
             scale=scale,
