@@ -116,7 +116,7 @@ def test_task_and_length_arguments():
     assert resolve_tasks(["robust"]) == ["local_recall", "local_pattern", "local_count"]
     with pytest.raises(InputError, match="unknown tasks"):
         resolve_tasks(["needle"])
-    assert parse_length("4k") == 4096 and parse_length("3000") == 3000
+    assert parse_length("4k") == 4096 and parse_length("3000") == 3000 and parse_length("1m") == 1 << 20
     with pytest.raises(SystemExit):
         parse_length("four")
 

@@ -74,13 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+_TOKEN_SUFFIXES = {"k": 1 << 10, "m": 1 << 20}
+
+
 def parse_length(text: str) -> int:
-    """'4k' -> 4096, '3000' -> 3000."""
+    """A token count: '4k' -> 4096, '1m' -> 1048576, '3000' -> 3000."""
     text = text.strip().lower()
     try:
-        return int(text[:-1]) * 1024 if text.endswith("k") else int(text)
+        return int(text[:-1]) * _TOKEN_SUFFIXES[text[-1]] if text[-1:] in _TOKEN_SUFFIXES else int(text)
     except ValueError:
-        raise SystemExit(f"cannot read length {text!r}: use a token count like 3000 or 4k") from None
+        raise SystemExit(f"cannot read length {text!r}: use a token count like 3000, 4k or 1m") from None
 
 
 def _split(text: str) -> list[str]:

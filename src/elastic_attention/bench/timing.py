@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from elastic_attention.cli import parse_length
 from elastic_attention.io import atomic_write_text
 
 
@@ -58,12 +59,9 @@ def dense_baselines(query, key, value, device: torch.device, repeats: int) -> di
     return result
 
 
-_TOKEN_SUFFIXES = {"k": 1 << 10, "m": 1 << 20}
-
-
 def parse_tokens(text: str) -> list[int]:
-    """``"8k,32k,1000,1m"`` -> [8192, 32768, 1000, 1048576]."""
-    return [int(t[:-1]) * _TOKEN_SUFFIXES[t[-1]] if t[-1] in _TOKEN_SUFFIXES else int(t) for t in text.split(",")]
+    """``"8k,32k,1000,1m"`` -> [8192, 32768, 1000, 1048576] (each read by the CLI's `parse_length`)."""
+    return [parse_length(part) for part in text.split(",")]
 
 
 def run_header(device: torch.device) -> dict:
