@@ -50,7 +50,7 @@ def test_decode_benchmark_smoke_run_on_cpu(tmp_path):
     result = run_bench("decode", tmp_path, *TINY_MODEL, "--lengths", "700", "--batch", "1,2", "--msr", "1.0",
                        "--backend", "reference", "--steps", "1", "--tolerance", "1e-4")
     rows = {(row["cache"], row["batch"]): row for row in result["rows"]}
-    assert sorted(rows) == [(kind, batch) for kind in ("bounded", "dense", "full") for batch in (1, 2)]
+    assert sorted(rows) == [(kind, batch) for kind in ("bounded", "bounded_torch", "dense", "full") for batch in (1, 2)]
     # Every head on SSA keeps sink + window = 192 of 701 entries; the batch of 2 repeats the prefilled cache. The
     # dense cache is timed twice per batch size, so at batch 2 it holds two more entries than the full one.
     for batch in (1, 2):
@@ -58,6 +58,7 @@ def test_decode_benchmark_smoke_run_on_cpu(tmp_path):
         assert bounded["bytes_vs_full"] < 0.3
         assert bounded["bytes_vs_dense"] == pytest.approx(bounded["bytes_vs_full"], rel=0.01)
         assert bounded["cache_bytes"] == batch * rows["bounded", 1]["cache_bytes"]
+        assert bounded["bytes_vs_bounded_torch"] == 1.0 and bounded["speedup_vs_bounded_torch"] > 0
     assert rows["bounded", 1]["max_logit_difference"] < 1e-4
 
 

@@ -3,7 +3,9 @@
 Builds a decoder with random bf16 weights from a config (default: the Llama-3.1-8B shape; nothing is downloaded)
 and, for each length, prefills one random prompt of batch 1 with each cache kind:
 
-- ``bounded``: elastic attention attached with routing forced to ``--msr`` (FA-SSA) and `ElasticCache`;
+- ``bounded``: elastic attention attached with routing forced to ``--msr`` (FA-SSA) and `ElasticCache` (its decode
+  steps fused on a GPU with Triton: one write and one attention launch per layer, see `backends.triton_decode`);
+- ``bounded_torch``: the same cache with its per-sequence torch decode step (``fused_decode=False``);
 - ``full``: the same routing with the model's own full cache (the paper's decode: SSA heads masked, nothing freed);
 - ``dense``: the unmodified model (elastic attention detached) with its own cache and attention implementation.
 
@@ -45,7 +47,7 @@ from elastic_attention.bench.model import (
 )
 from elastic_attention.bench.timing import parse_tokens, run_header, timed, write_result
 
-CACHE_KINDS = ("bounded", "full", "dense")
+CACHE_KINDS = ("bounded", "bounded_torch", "full", "dense")
 
 
 def cache_bytes(cache) -> int:
@@ -63,9 +65,12 @@ def batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def prefill(model, prompt: torch.Tensor, chunk: int, device: torch.device):
+def prefill(model, prompt: torch.Tensor, chunk: int, device: torch.device, cache: ElasticCache | None = None):
     """The model's output for ``prompt`` [1, L] with a cache: one pass, or chunks of ``chunk`` tokens into an
-    `ElasticCache` (``main`` allows chunks for the bounded cache only).
+    `ElasticCache` (``main`` allows chunks for the bounded caches only).
+
+    Args:
+        cache: the `ElasticCache` to fill (None: the model chooses its cache).
 
     Returns:
         (the last forward's output, with its ``past_key_values``; seconds; peak GPU memory in GiB or None).
@@ -76,9 +81,9 @@ def prefill(model, prompt: torch.Tensor, chunk: int, device: torch.device):
         torch.cuda.synchronize(device)
     start = time.perf_counter()
     if not chunk or chunk >= length:
-        output = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
+        output = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
     else:
-        cache = ElasticCache(model)
+        cache = cache if cache is not None else ElasticCache(model)
         for begin in range(0, length, chunk):
             end = min(length, begin + chunk)
             output = model(input_ids=prompt[:, begin:end], attention_mask=torch.ones(1, end, dtype=torch.long,
@@ -98,15 +103,19 @@ def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.dev
     Returns:
         (one row per batch size, the batch-1 next-token logits [1, 1, vocab] float32).
     """
+    cache = None
     if kind != "dense":
-        attach(model, elastic_config(args), backend=args.backend, cache=kind)
+        attach(model, elastic_config(args), backend=args.backend, cache="full" if kind == "full" else "bounded")
         force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
+        if kind.startswith("bounded"):
+            cache = ElasticCache(model, fused_decode=kind == "bounded")
     length = prompt.shape[1]
     rows, first_logits, batch = [], None, 1
     state = {}
     try:
         with torch.inference_mode():
-            output, prefill_s, prefill_peak = prefill(model, prompt, args.prefill_chunk, device)
+            output, prefill_s, prefill_peak = prefill(model, prompt, args.prefill_chunk, device, cache)
+            del cache
             state.update(cache=output.past_key_values, length=length, token=output.logits[:, -1:].argmax(-1))
             del output
 
@@ -178,7 +187,7 @@ def run(args) -> dict:
                                          same_next_token=bool((logits["bounded"].argmax(-1) ==
                                                                logits["full"].argmax(-1)).all()))
         for position, bounded in enumerate(by_kind.get("bounded", [])):
-            for kind in ("full", "dense"):
+            for kind in ("bounded_torch", "full", "dense"):
                 other = by_kind.get(kind, [])
                 if position < len(other) and "decode_step_s" in bounded and "decode_step_s" in other[position]:
                     bounded[f"bytes_vs_{kind}"] = bounded["cache_bytes"] / other[position]["cache_bytes"]
@@ -214,9 +223,12 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     arguments = parse_args(argv)
-    if arguments.prefill_chunk and set(arguments.caches) != {"bounded"}:
-        raise SystemExit("--prefill-chunk needs --caches bounded: the full and dense caches attend later chunks by "
-                         "plain torch or by materialized masks")
+    if arguments.prefill_chunk and not set(arguments.caches) <= {"bounded", "bounded_torch"}:
+        raise SystemExit("--prefill-chunk needs --caches bounded (or bounded_torch): the full and dense caches attend "
+                         "later chunks by plain torch or by materialized masks")
+    unknown = set(arguments.caches) - set(CACHE_KINDS)
+    if unknown:
+        raise SystemExit(f"unknown cache kinds {sorted(unknown)}; choose from {','.join(CACHE_KINDS)}")
     write_result(arguments.out, run(arguments))
 
 

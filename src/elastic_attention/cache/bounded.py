@@ -13,6 +13,12 @@ Storage is per sequence (one sequence per batch row), so every sample keeps its 
 A step's new entries are staged by `update`. A chunk of several tokens writes them to the ring after its attention
 (`commit`), so a chunk longer than the window still sees its own earlier tokens; a single-token step writes first and
 then attends the whole ring, whose slots then hold exactly its visible window. Full-store heads are appended at once.
+
+A decode step (one new token per sequence) on a CUDA GPU with Triton takes the fused path of
+`backends.triton_decode`: one launch writes the new entries of every sequence and head, one attends them all (plus
+the merge of its key splits), whatever the batch size, through a table of the layer's storage addresses that is
+rebuilt only when storage moves (a full store grows, the batch is reordered). Elsewhere, and with
+``fused_decode=False``, the step runs per sequence in torch, which is also the oracle of the fused path.
 """
 
 from __future__ import annotations
@@ -22,6 +28,12 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from elastic_attention.backends.triton_decode import (
+    DecodeSegments,
+    decode_attention,
+    triton_decode_available,
+    write_step_entries,
+)
 from elastic_attention.backends.tokens import (
     attend_single_query,
     causal_suffix_attention,
@@ -77,6 +89,10 @@ class ElasticCacheLayer(CacheLayerMixin):
         self.sequences: list[SequenceStore] = []
         self.physical_length = 0
         self._staged: list[StagedEntries | None] = []
+        #: Storage addresses for the fused decode step (None: rebuild before the next one).
+        self._segments: DecodeSegments | None = None
+        #: A fused decode step's new keys and values [B, Hkv, 1, D], between `update` and `attend`.
+        self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- the Hugging Face layer interface ------------------------------------------------------------------------
 
@@ -99,13 +115,18 @@ class ElasticCacheLayer(CacheLayerMixin):
                 f"the cache holds {len(self.sequences)} sequences but this step has {layout.num_sequences}; "
                 "keep the batch rows from prefill to the last step"
             )
-        limit = self.cache.max_length
-        for store, (row, _, length, first_row, count) in zip(self.sequences, layout.spans()):
-            if limit is not None and length > limit:
-                raise InputError(
-                    f"sequence length {length} exceeds the cache's max_length {limit}; "
-                    "create ElasticCache with a larger max_length (or None to grow as needed)"
-                )
+        spans = layout.spans()
+        for _, _, length, _, _ in spans:
+            self._check_limit(length)
+        if self._is_fused_decode_step(spans, key_states):
+            self._reserve_step()
+            self._pending = (key_states, value_states)
+            for store in self.sequences:
+                store.length += 1
+            self.physical_length += 1
+            return key_states, value_states
+        self._segments = None
+        for store, (row, _, length, first_row, count) in zip(self.sequences, spans):
             new_keys = key_states[row, :, first_row : first_row + count]
             new_values = value_states[row, :, first_row : first_row + count]
             self._append_full(store, new_keys[store.full_heads], new_values[store.full_heads])
@@ -113,6 +134,14 @@ class ElasticCacheLayer(CacheLayerMixin):
             store.length += count
         self.physical_length += key_states.shape[2]
         return key_states, value_states
+
+    def _check_limit(self, length: int) -> None:
+        limit = self.cache.max_length
+        if limit is not None and length > limit:
+            raise InputError(
+                f"sequence length {length} exceeds the cache's max_length {limit}; "
+                "create ElasticCache with a larger max_length (or None to grow as needed)"
+            )
 
     def get_seq_length(self) -> int:
         """Length of the key axis seen so far (padding included), as Hugging Face counts it."""
@@ -127,11 +156,13 @@ class ElasticCacheLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.sequences, self._staged, self.physical_length = [], [], 0
+        self._segments, self._pending = None, None
         self.is_initialized = False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.commit()
         self.sequences = [self.sequences[int(i)].clone() for i in beam_idx.tolist()]
+        self._segments = None
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.reorder_cache(indices)
@@ -139,6 +170,7 @@ class ElasticCacheLayer(CacheLayerMixin):
     def batch_repeat_interleave(self, repeats: int) -> None:
         self.commit()
         self.sequences = [store.clone() for store in self.sequences for _ in range(repeats)]
+        self._segments = None
 
     def offload(self):
         raise NotImplementedError("ElasticCache does not offload; it keeps only what the heads read again")
@@ -157,6 +189,8 @@ class ElasticCacheLayer(CacheLayerMixin):
         Returns:
             [B, Hq, S_new, D]; rows that belong to no sequence are zero.
         """
+        if self._pending is not None:
+            return self._attend_fused(query, scale)
         layout = self.cache.runtime.layout
         output = torch.zeros_like(query)
         num_kv = self.sequences[0].full_heads.numel() + self.sequences[0].ring_heads.numel()
@@ -238,8 +272,65 @@ class ElasticCacheLayer(CacheLayerMixin):
             filled = None if store.length >= config.sink_tokens + config.local_tokens else store.ring_positions >= 0
             result[heads] = attend_single_query(queries[heads], store.ring_keys, store.ring_values, scale, filled)
 
+    # -- the fused decode step ----------------------------------------------------------------------------------
+
+    def _is_fused_decode_step(self, spans, key_states: torch.Tensor) -> bool:
+        """True when this step is one new token per sequence (sequence n in batch row n) that the fused path takes."""
+        if not self.cache.fused_decode or key_states.shape[2] != 1 or key_states.stride(3) != 1:
+            return False
+        if not triton_decode_available(key_states.device) or key_states.dtype != self.sequences[0].ring_keys.dtype:
+            return False
+        return all(row == n and first_row == 0 and count == 1 for n, (row, _, _, first_row, count) in enumerate(spans))
+
+    def _reserve_step(self) -> None:
+        """Make room for one more entry in every full store; storage that moves invalidates the address table."""
+        for store in self.sequences:
+            if self._reserve_full(store, store.length + 1):
+                self._segments = None
+        if self._segments is None:
+            self._segments = self._build_segments()
+
+    def _build_segments(self) -> DecodeSegments:
+        """The address table of this layer's (sequence, KV head) segments, lengths as they are before the step."""
+        columns: list[list[int]] = [[], [], [], []]  # key, value and position addresses, lengths
+        num_kv = 0
+        for store in self.sequences:
+            where = {}
+            for kind, heads in (("full", store.full_heads), ("ring", store.ring_heads)):
+                for slot, head in enumerate(heads.tolist()):
+                    where[head] = (kind, slot)
+            num_kv = len(where)
+            for head in range(num_kv):
+                kind, slot = where[head]
+                keys, values = (store.full_keys, store.full_values) if kind == "full" else (store.ring_keys,
+                                                                                            store.ring_values)
+                row_bytes = keys.stride(0) * keys.element_size()
+                columns[0].append(keys.data_ptr() + slot * row_bytes)
+                columns[1].append(values.data_ptr() + slot * row_bytes)
+                columns[2].append(store.ring_positions.data_ptr() if kind == "ring" else 0)
+                columns[3].append(store.length)
+        table = torch.tensor(columns, dtype=torch.int64).to(self.device)
+        return DecodeSegments(*table, num_kv_heads=num_kv)
+
+    def _write_pending(self) -> None:
+        keys, values = self._pending
+        config = self.cache.runtime.config
+        write_step_entries(keys, values, self._segments, sink_tokens=config.sink_tokens,
+                           local_tokens=config.local_tokens)
+        self._pending = None
+
+    def _attend_fused(self, query: torch.Tensor, scale: float) -> torch.Tensor:
+        """The fused decode step: write every sequence's new entries, then attend them, two launches (+ a merge)."""
+        self._write_pending()
+        config = self.cache.runtime.config
+        max_entries = max(store.length for store in self.sequences)
+        return decode_attention(query, self._segments, scale, ring_size=config.sink_tokens + config.local_tokens,
+                                max_entries=max_entries)
+
     def commit(self) -> None:
         """Write the staged entries of the streaming heads into their rings (sink slots and the window)."""
+        if self._pending is not None:
+            self._write_pending()
         for store, staged in zip(self.sequences, self._staged):
             if staged is not None:
                 self._write_ring(store, staged)
@@ -295,19 +386,25 @@ class ElasticCacheLayer(CacheLayerMixin):
         )
 
     @staticmethod
-    def _append_full(store: SequenceStore, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def _reserve_full(store: SequenceStore, needed: int) -> bool:
+        """Room for ``needed`` entries in a sequence's full store; returns True when its storage moved."""
+        if not store.full_heads.numel() or needed <= store.full_keys.shape[1]:
+            return False
+        # Grow by 1/32 (at least 64 entries): a copy every few dozen steps at long lengths, about 3% spare memory.
+        capacity = needed + max(64, needed // 32)
+        for name in ("full_keys", "full_values"):
+            old = getattr(store, name)
+            grown = old.new_zeros(old.shape[0], capacity, old.shape[2])
+            grown[:, : store.length] = old[:, : store.length]
+            setattr(store, name, grown)
+        return True
+
+    @classmethod
+    def _append_full(cls, store: SequenceStore, keys: torch.Tensor, values: torch.Tensor) -> None:
         if not store.full_heads.numel():
             return
         needed = store.length + keys.shape[1]
-        capacity = store.full_keys.shape[1]
-        if needed > capacity:
-            # Grow by 1/32 (at least 64 entries): a copy every few dozen steps at long lengths, about 3% spare memory.
-            capacity = needed + max(64, needed // 32)
-            for name in ("full_keys", "full_values"):
-                old = getattr(store, name)
-                grown = old.new_zeros(old.shape[0], capacity, old.shape[2])
-                grown[:, : store.length] = old[:, : store.length]
-                setattr(store, name, grown)
+        cls._reserve_full(store, needed)
         store.full_keys[:, store.length : needed] = keys
         store.full_values[:, store.length : needed] = values
 
@@ -325,14 +422,17 @@ class ElasticCache(Cache):
     Args:
         model: the attached model (or its runtime).
         max_length: most tokens per sequence (None: grows as needed); exceeding it raises.
+        fused_decode: decode steps through the fused Triton kernels where they can run (a CUDA GPU with Triton);
+            False keeps the per-sequence torch path everywhere.
     """
 
-    def __init__(self, model, max_length: int | None = None) -> None:
+    def __init__(self, model, max_length: int | None = None, fused_decode: bool = True) -> None:
         from elastic_attention.integration.runtime import ElasticRuntime
 
         runtime = model if isinstance(model, ElasticRuntime) else _runtime_of(model)
         self.runtime = runtime
         self.max_length = max_length
+        self.fused_decode = fused_decode
         super().__init__(layers=[ElasticCacheLayer(self, index) for index in range(runtime.num_layers)])
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:

@@ -1,0 +1,243 @@
+"""A decode step over KV heads with different cache lengths, for every sequence and head of a layer at once (Triton).
+
+The bounded cache stores each (sequence, KV head) as a *segment*: the keys and values of one head in its own storage,
+entry ``i`` at ``base + i * head_dim`` (contiguous rows). A head on full attention holds its entries in position
+order and reads all of them; a streaming head holds a ring of ``sink + local`` slots (`cache.bounded` says which
+position goes to which slot) and reads the slots filled so far. `DecodeSegments` lists the segments of one layer by
+address, so one launch reaches all of them whatever tensor each lives in.
+
+A step is three launches per layer, whatever the batch size:
+  `write_step_entries`  writes each segment's new key/value (and a ring's slot position), then counts it;
+  `decode_attention`    split-K attention of each segment's query heads over its entries (a grid of segments x key
+                        splits, so a batch-1 step at long lengths still fills the GPU), then the merge of the splits.
+
+Segments are ordered (sequence, KV head), so segment ``s`` reads the queries of batch row ``s // Hkv`` and query heads
+``(s % Hkv) * g .. + g - 1`` (g query heads per KV head).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the cache falls back to its per-sequence torch path
+    triton = None
+
+#: Keys per block of the attention kernel's inner loop.
+_BLOCK_KEYS = 64
+
+
+def triton_decode_available(device: torch.device) -> bool:
+    """True when the Triton decode kernels can run on ``device``: a CUDA device with Triton installed, or the CPU
+    under Triton's interpreter (``TRITON_INTERPRET=1``, for debugging: float32 and float64 only)."""
+    if triton is None:
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@dataclass
+class DecodeSegments:
+    """The (sequence, KV head) segments of one layer, by address. Every tensor is int64 [N] on the cache's device
+    except ``lengths`` (int32 [N]).
+
+    Attributes:
+        key_addresses, value_addresses: address of entry 0 of the segment's keys / values (rows of head_dim).
+        position_addresses: a ring's slot positions (int64 [sink + local]), 0 for a full-store segment.
+        lengths: entries the segment's sequence has so far (positions 0 .. length - 1); the write kernel adds one.
+        num_kv_heads: Hkv, so segment s is (sequence s // Hkv, KV head s % Hkv).
+    """
+
+    key_addresses: torch.Tensor
+    value_addresses: torch.Tensor
+    position_addresses: torch.Tensor
+    lengths: torch.Tensor
+    num_kv_heads: int
+
+    @property
+    def num_segments(self) -> int:
+        return int(self.lengths.numel())
+
+
+def write_step_entries(new_keys: torch.Tensor, new_values: torch.Tensor, segments: DecodeSegments, *,
+                       sink_tokens: int, local_tokens: int) -> None:
+    """Write one new entry per segment and count it (``segments.lengths += 1``).
+
+    A full-store segment writes at slot ``length``; a ring writes at ``length`` inside the sink, else at
+    ``sink + (length - sink) % local``, and records ``length`` as that slot's position.
+
+    Args:
+        new_keys, new_values: [B, Hkv, 1, D], B * Hkv = number of segments; the last axis contiguous.
+    """
+    batch, num_kv, _, head_dim = new_keys.shape
+    _check_states(new_keys, new_values, segments, batch * num_kv)
+    _write_kernel[(segments.num_segments,)](
+        new_keys, new_values, new_keys.stride(0), new_keys.stride(1), new_values.stride(0), new_values.stride(1),
+        num_kv, segments.key_addresses, segments.value_addresses, segments.position_addresses, segments.lengths,
+        sink_tokens, local_tokens, HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim, 16),
+    )
+
+
+def decode_attention(query: torch.Tensor, segments: DecodeSegments, scale: float, *, ring_size: int,
+                     max_entries: int, output: torch.Tensor | None = None) -> torch.Tensor:
+    """One query per head over each segment's entries: all of a full-store segment, the filled slots of a ring.
+
+    Args:
+        query: [B, Hq, 1, D], the last axis contiguous; Hq = g * Hkv.
+        segments: the layer's segments, ``lengths`` already counting this step's entry.
+        ring_size: sink + local, the slots of a ring (a ring segment reads min(length, ring_size) of them).
+        max_entries: an upper bound on any segment's entries this step (sets the key splits).
+        output: optional [B, Hq, 1, D] to write into.
+
+    Returns:
+        [B, Hq, 1, D] in the query's dtype; softmax in float32.
+    """
+    batch, num_query_heads, _, head_dim = query.shape
+    num_kv = segments.num_kv_heads
+    if num_query_heads % num_kv or batch * num_kv != segments.num_segments or query.stride(3) != 1:
+        raise ValueError(
+            f"query {tuple(query.shape)} does not match {segments.num_segments} segments of {num_kv} KV heads "
+            "(or its last axis is strided)"
+        )
+    group = num_query_heads // num_kv
+    num_segments = segments.num_segments
+    splits, keys_per_split = _key_splits(max_entries, num_segments, query.device)
+    block_group, block_d = _pow2(group, 16), _pow2(head_dim, 16)
+    partial = torch.empty(num_segments, splits, group, head_dim, device=query.device, dtype=torch.float32)
+    maxima = torch.empty(num_segments, splits, group, device=query.device, dtype=torch.float32)
+    sums = torch.empty_like(maxima)
+    _attend_kernel[(num_segments, splits)](
+        query, query.stride(0), query.stride(1), num_kv, segments.key_addresses, segments.value_addresses,
+        segments.position_addresses, segments.lengths, ring_size, keys_per_split, partial, maxima, sums, scale,
+        splits, GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=_BLOCK_KEYS,
+    )
+    if output is None:
+        output = torch.empty_like(query)
+    _merge_kernel[(num_segments,)](
+        partial, maxima, sums, output, output.stride(0), output.stride(1), num_kv, splits,
+        GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=block_d,
+    )
+    return output
+
+
+def _check_states(new_keys: torch.Tensor, new_values: torch.Tensor, segments: DecodeSegments, count: int) -> None:
+    if new_keys.shape != new_values.shape or new_keys.shape[2] != 1 or count != segments.num_segments:
+        raise ValueError(
+            f"a decode step writes one entry per segment: got keys {tuple(new_keys.shape)}, values "
+            f"{tuple(new_values.shape)} for {segments.num_segments} segments"
+        )
+    if new_keys.stride(3) != 1 or new_values.stride(3) != 1:
+        raise ValueError("the new keys and values need a contiguous last axis")
+
+
+def _pow2(value: int, minimum: int) -> int:
+    return max(minimum, 1 << (int(value) - 1).bit_length())
+
+
+def _key_splits(max_entries: int, num_segments: int, device: torch.device) -> tuple[int, int]:
+    """(splits, keys per split): about two programs per SM in all, each over whole key blocks."""
+    programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    blocks = triton.cdiv(max(1, max_entries), _BLOCK_KEYS)
+    splits = max(1, min(blocks, triton.cdiv(programs, num_segments)))
+    keys_per_split = triton.cdiv(blocks, splits) * _BLOCK_KEYS
+    return triton.cdiv(max(1, max_entries), keys_per_split), keys_per_split
+
+
+if triton is not None:
+
+    @triton.jit
+    def _write_kernel(new_keys, new_values, key_stride_b, key_stride_h, value_stride_b, value_stride_h, num_kv,
+                      key_addresses, value_addresses, position_addresses, lengths, sink, local,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+        segment = tl.program_id(0)
+        batch_row, head = segment // num_kv, segment % num_kv
+        length = tl.load(lengths + segment)
+        position_address = tl.load(position_addresses + segment)
+        slot = length
+        if position_address != 0:
+            slot = tl.where(length < sink, length, sink + (length - sink) % local)
+            positions = position_address.to(tl.pointer_type(tl.int64))
+            tl.store(positions + slot, length.to(tl.int64))
+        d = tl.arange(0, BLOCK_D)
+        in_dim = d < HEAD_DIM
+        keys = tl.load(key_addresses + segment).to(tl.pointer_type(new_keys.dtype.element_ty))
+        values = tl.load(value_addresses + segment).to(tl.pointer_type(new_values.dtype.element_ty))
+        row = slot.to(tl.int64) * HEAD_DIM
+        tl.store(keys + row + d, tl.load(new_keys + batch_row * key_stride_b + head * key_stride_h + d, mask=in_dim),
+                 mask=in_dim)
+        tl.store(values + row + d,
+                 tl.load(new_values + batch_row * value_stride_b + head * value_stride_h + d, mask=in_dim),
+                 mask=in_dim)
+        tl.store(lengths + segment, length + 1)
+
+    @triton.jit
+    def _attend_kernel(query, query_stride_b, query_stride_h, num_kv, key_addresses, value_addresses,
+                       position_addresses, lengths, ring_size, keys_per_split, partial, maxima, sums, scale, splits,
+                       GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+        segment, split = tl.program_id(0), tl.program_id(1)
+        batch_row, head = segment // num_kv, segment % num_kv
+        entries = tl.load(lengths + segment)
+        if tl.load(position_addresses + segment) != 0:
+            entries = tl.minimum(entries, ring_size)
+        start = split * keys_per_split
+        end = tl.minimum(start + keys_per_split, entries)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        in_group, in_dim = g < GROUP, d < HEAD_DIM
+        query_rows = query + batch_row * query_stride_b + (head * GROUP + g[:, None]) * query_stride_h + d[None, :]
+        queries = tl.load(query_rows, mask=in_group[:, None] & in_dim[None, :], other=0.0)
+        keys = tl.load(key_addresses + segment).to(tl.pointer_type(query.dtype.element_ty))
+        values = tl.load(value_addresses + segment).to(tl.pointer_type(query.dtype.element_ty))
+        running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        running_sum = tl.zeros([BLOCK_G], tl.float32)
+        accumulator = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for block_start in range(start, end, BLOCK_N):
+            n = block_start + tl.arange(0, BLOCK_N)
+            in_range = n < end
+            offsets = n.to(tl.int64)[:, None] * HEAD_DIM + d[None, :]
+            load_mask = in_range[:, None] & in_dim[None, :]
+            block_keys = tl.load(keys + offsets, mask=load_mask, other=0.0)
+            scores = tl.dot(queries, tl.trans(block_keys)) * scale
+            scores = tl.where(in_range[None, :], scores, float("-inf"))
+            new_max = tl.maximum(running_max, tl.max(scores, 1))
+            rescale = tl.exp(running_max - new_max)
+            weights = tl.exp(scores - new_max[:, None])
+            running_sum = running_sum * rescale + tl.sum(weights, 1)
+            block_values = tl.load(values + offsets, mask=load_mask, other=0.0)
+            accumulator = accumulator * rescale[:, None] + tl.dot(weights.to(block_values.dtype), block_values)
+            running_max = new_max
+        stats = (segment * splits + split) * GROUP + g
+        tl.store(maxima + stats, running_max, mask=in_group)
+        tl.store(sums + stats, running_sum, mask=in_group)
+        tl.store(partial + stats[:, None] * HEAD_DIM + d[None, :], accumulator,
+                 mask=in_group[:, None] & in_dim[None, :])
+
+    @triton.jit
+    def _merge_kernel(partial, maxima, sums, output, output_stride_b, output_stride_h, num_kv, splits,
+                      GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+        segment = tl.program_id(0)
+        batch_row, head = segment // num_kv, segment % num_kv
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        in_group, in_dim = g < GROUP, d < HEAD_DIM
+        tile_mask = in_group[:, None] & in_dim[None, :]
+        stats = segment * splits * GROUP + g  # split 0 always holds the step's own entry, so its maximum is finite
+        total_max = tl.load(maxima + stats, mask=in_group, other=0.0)
+        total_sum = tl.load(sums + stats, mask=in_group, other=1.0)
+        total = tl.load(partial + stats[:, None] * HEAD_DIM + d[None, :], mask=tile_mask, other=0.0)
+        for split in range(1, splits):
+            stats = (segment * splits + split) * GROUP + g
+            split_max = tl.load(maxima + stats, mask=in_group, other=float("-inf"))
+            new_max = tl.maximum(total_max, split_max)
+            old_weight, split_weight = tl.exp(total_max - new_max), tl.exp(split_max - new_max)
+            total_sum = total_sum * old_weight + tl.load(sums + stats, mask=in_group, other=0.0) * split_weight
+            split_total = tl.load(partial + stats[:, None] * HEAD_DIM + d[None, :], mask=tile_mask, other=0.0)
+            total = total * old_weight[:, None] + split_total * split_weight[:, None]
+            total_max = new_max
+        rows = output + batch_row * output_stride_b + (head * GROUP + g[:, None]) * output_stride_h + d[None, :]
+        tl.store(rows, (total / total_sum[:, None]).to(output.dtype.element_ty), mask=tile_mask)
