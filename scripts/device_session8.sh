@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Eighth device session (2026-11-30):
+#   1. OUT=$OUT bash scripts/device_session8.sh decode   (issue 6: the GPU cache tests with the fused Triton decode
+#      step, then bench decode at 32K and 128K, batch 1 and 8: fused bounded, per-sequence torch bounded, full, dense)
+#   2. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session8.sh finding   (issue 4 item 7 on small_s26
+#      with the fixed trainer; the seventh session's call ran out of its 110 s training limit at step 80 of 120)
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
+start=$(date +%s)
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+cli="python3 -m elastic_attention.cli"
+case ${1:-decode} in
+  decode)
+    timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_cache.py > "$OUT/gpu_cache_tests.log" 2>&1
+    echo "tests rc $? at $(( $(date +%s) - start )) s"
+    timeout 330 $cli bench decode --lengths 32k,128k --batch 1,8 --backend flex --steps 20 \
+      --out "$OUT/decode_8b.json" > "$OUT/decode_8b.log" 2>&1
+    echo "bench rc $?" ;;
+  finding)
+    timeout 260 $cli train scripts/small_finding.yaml output_dir=/tmp/std_t5 elastic.router_standardize=true \
+      targets.needle_multikey=0.5 targets.variable_tracking=0.5 --no-progress > "$OUT/std_t5_train.log" 2>&1
+    echo "train rc $? at $(( $(date +%s) - start )) s"
+    cp /tmp/std_t5/summary.json "$OUT/std_t5_summary.json"; cp /tmp/std_t5/metrics.csv "$OUT/std_t5_metrics.csv"
+    timeout 90 $cli eval --model artifacts/backbone-small --router /tmp/std_t5/router \
+      --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
+      --lengths 4096,8192 --samples 24 --batch-size 24 --out "$OUT/std_t5_eval" > "$OUT/std_t5_eval.log" 2>&1
+    echo "eval rc $?" ;;
+  *) echo "unknown mode $1 (decode or finding)" >&2; exit 2 ;;
+esac
+echo "done at $(( $(date +%s) - start )) s"
+ls -la "$OUT"
