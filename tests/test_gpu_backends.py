@@ -103,3 +103,14 @@ def test_tables_built_on_the_gpu_equal_the_cpu_tables(configuration):
 def test_auto_picks_fa4_when_it_can_run():
     expected = "fa4" if fa4_available()[0] else "flex"
     assert get_backend("auto").name == expected
+
+
+@pytest.mark.parametrize("length", [1000, 4099])
+def test_xa_scores_of_bf16_states_on_the_gpu_match_float64(length):
+    """The estimate's TF32 products on bf16 states (exact inputs) against float64 products of the same values."""
+    from elastic_attention.patterns.xattention import antidiagonal_block_scores
+
+    query, key, _ = random_states(1, 2, 4, length, 128, seed=length)
+    actual = antidiagonal_block_scores(query[0], key[0], block_size=128, stride=16)
+    expected = antidiagonal_block_scores(query[0].double().cpu(), key[0].double().cpu(), block_size=128, stride=16)
+    assert float((actual.double().cpu() - expected).abs().max()) < 1e-4

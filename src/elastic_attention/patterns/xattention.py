@@ -15,12 +15,15 @@ Rule, for block size ``B``, stride ``s`` (``s`` divides ``B``) and ``L`` tokens:
   score (ties: lower ``kb`` first) while the kept mass is below ``threshold * row_total``.
 
 Nothing of size ``L x L`` is built: the ``(L/s) x (L/s)`` strided scores are computed a few query
-blocks at a time, for all heads at once.
+blocks at a time, for all heads at once. Half-precision states are scored with TF32 matrix products on a GPU:
+bfloat16 and float16 values are exact in TF32, so the products are float32's, at tensor-core speed (float32 states
+keep float32 products).
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -192,7 +195,9 @@ def _antidiagonal_block_scores(
         q_strided = q_chunk.view(num_q_heads, r1 - r0, stride, head_dim).flip(2)
         q_strided = q_strided.reshape(num_kv_heads, group * (r1 - r0), stride * head_dim)
         # Causality: rows below r1 only see the first r1 strided keys.
-        logits = torch.bmm(q_strided, key_strided[:, :r1].transpose(1, 2)).view(num_q_heads, r1 - r0, r1)
+        with _tf32_products(exact=query.dtype in (torch.bfloat16, torch.float16)):
+            logits = torch.bmm(q_strided, key_strided[:, :r1].transpose(1, 2))
+        logits = logits.view(num_q_heads, r1 - r0, r1)
         logits.mul_(scale / stride)
         rows = torch.arange(r0, r1, device=query.device).view(-1, 1)
         cols = torch.arange(r1, device=query.device).view(1, -1)
@@ -203,6 +208,20 @@ def _antidiagonal_block_scores(
         probs = probs.view(num_q_heads, qb1 - qb0, tiles_per_block, qb1, tiles_per_block)
         out[:, qb0:qb1, :qb1] = probs.sum(dim=(2, 4))
     return out
+
+
+@contextmanager
+def _tf32_products(exact: bool):
+    """CUDA float32 matrix products in TF32 while ``exact`` (inputs that TF32 represents without rounding)."""
+    if not exact:
+        yield
+        return
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def _default_query_blocks_per_chunk(num_q_heads: int, num_rows: int, tiles_per_block: int) -> int:
