@@ -2,7 +2,10 @@
 # Eighth device session (2026-11-30):
 #   1. OUT=$OUT bash scripts/device_session8.sh decode   (issue 6: the GPU cache tests with the fused Triton decode
 #      step, then bench decode at 32K and 128K, batch 1 and 8: fused bounded, per-sequence torch bounded, full, dense)
-#   2. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session8.sh finding   (issue 4 item 7 on small_s26
+#   2. OUT=$OUT bash scripts/device_session8.sh decode2   (the same after the kernel's fixes: float32 products in
+#      IEEE for float32 states, 16-byte loads through the address table; the XA estimate's timing, TF32 against
+#      float32 products; a profile of 8 layers at 128K, fused and per-sequence bounded step and dense)
+#   3. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session8.sh finding   (issue 4 item 7 on small_s26
 #      with the fixed trainer; the seventh session's call ran out of its 110 s training limit at step 80 of 120)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
@@ -16,6 +19,18 @@ case ${1:-decode} in
     timeout 330 $cli bench decode --lengths 32k,128k --batch 1,8 --backend flex --steps 20 \
       --out "$OUT/decode_8b.json" > "$OUT/decode_8b.log" 2>&1
     echo "bench rc $?" ;;
+  decode2)
+    timeout 120 python3 -m pytest -q -m gpu tests/test_gpu_cache.py tests/test_gpu_backends.py -k "cache or xa_scores" \
+      > "$OUT/gpu_tests.log" 2>&1
+    echo "tests rc $? at $(( $(date +%s) - start )) s"
+    timeout 60 python3 scripts/xa_estimate_timing.py --out "$OUT/xa_estimate.json" > "$OUT/xa_estimate.log" 2>&1
+    echo "xa rc $? at $(( $(date +%s) - start )) s"
+    timeout 230 $cli bench decode --lengths 32k,128k --batch 1,8 --backend flex --steps 20 \
+      --out "$OUT/decode_8b.json" > "$OUT/decode_8b.log" 2>&1
+    echo "bench rc $? at $(( $(date +%s) - start )) s"
+    timeout 110 python3 scripts/profile_decode.py --layers 8 --length 131072 --backend flex \
+      --caches bounded,bounded_torch,dense > "$OUT/profile_128k.log" 2>&1
+    echo "profile rc $?" ;;
   finding)
     timeout 260 $cli train scripts/small_finding.yaml output_dir=/tmp/std_t5 elastic.router_standardize=true \
       targets.needle_multikey=0.5 targets.variable_tracking=0.5 --no-progress > "$OUT/std_t5_train.log" 2>&1
@@ -25,7 +40,7 @@ case ${1:-decode} in
       --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
       --lengths 4096,8192 --samples 24 --batch-size 24 --out "$OUT/std_t5_eval" > "$OUT/std_t5_eval.log" 2>&1
     echo "eval rc $?" ;;
-  *) echo "unknown mode $1 (decode or finding)" >&2; exit 2 ;;
+  *) echo "unknown mode $1 (decode, decode2 or finding)" >&2; exit 2 ;;
 esac
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"

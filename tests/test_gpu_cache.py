@@ -79,7 +79,8 @@ def test_fused_decode_kernels_match_float64(group, head_dim):
             columns[1].append(store[1].data_ptr())
             columns[2].append(0 if full else positions.data_ptr())
             columns[3].append(length)
-    segments = DecodeSegments(*torch.tensor(columns, dtype=torch.int64).cuda(), num_kv_heads=num_kv)
+    segments = DecodeSegments.from_columns(*columns, num_kv_heads=num_kv, device=torch.device("cuda"))
+    assert segments.aligned
     new_entries = torch.randn(2, len(lengths), num_kv, 1, head_dim, dtype=torch.float64)
     query = torch.randn(len(lengths), num_kv * group, 1, head_dim, dtype=torch.float64)
     write_step_entries(*new_entries.to("cuda", torch.bfloat16), segments, sink_tokens=sink, local_tokens=local)

@@ -50,6 +50,8 @@ class DecodeSegments:
         position_addresses: a ring's slot positions (int64 [sink + local]), 0 for a full-store segment.
         lengths: entries the segment's sequence has so far (positions 0 .. length - 1); the write kernel adds one.
         num_kv_heads: Hkv, so segment s is (sequence s // Hkv, KV head s % Hkv).
+        aligned: every key and value address is a multiple of 16 bytes (lets the kernels load 16 bytes at a time; the
+            addresses come from memory, so the compiler cannot see it).
     """
 
     key_addresses: torch.Tensor
@@ -57,6 +59,15 @@ class DecodeSegments:
     position_addresses: torch.Tensor
     lengths: torch.Tensor
     num_kv_heads: int
+    aligned: bool = False
+
+    @classmethod
+    def from_columns(cls, key_addresses: list[int], value_addresses: list[int], position_addresses: list[int],
+                     lengths: list[int], num_kv_heads: int, device: torch.device) -> DecodeSegments:
+        """A table from host lists (one entry per segment, in (sequence, KV head) order), copied to ``device`` at once."""
+        table = torch.tensor([key_addresses, value_addresses, position_addresses, lengths], dtype=torch.int64)
+        aligned = all(address % 16 == 0 for address in key_addresses + value_addresses)
+        return cls(*table.to(device), num_kv_heads=num_kv_heads, aligned=aligned)
 
     @property
     def num_segments(self) -> int:
@@ -79,6 +90,7 @@ def write_step_entries(new_keys: torch.Tensor, new_values: torch.Tensor, segment
         new_keys, new_values, new_keys.stride(0), new_keys.stride(1), new_values.stride(0), new_values.stride(1),
         num_kv, segments.key_addresses, segments.value_addresses, segments.position_addresses, segments.lengths,
         sink_tokens, local_tokens, HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim, 16),
+        ALIGNED=segments.aligned and head_dim % 8 == 0,
     )
 
 
@@ -114,6 +126,8 @@ def decode_attention(query: torch.Tensor, segments: DecodeSegments, scale: float
         query, query.stride(0), query.stride(1), num_kv, segments.key_addresses, segments.value_addresses,
         segments.position_addresses, segments.lengths, ring_size, keys_per_split, partial, maxima, sums, scale,
         splits, GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=_BLOCK_KEYS,
+        ALIGNED=segments.aligned and head_dim % 8 == 0,
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
     )
     if output is None:
         output = torch.empty_like(query)
@@ -152,7 +166,7 @@ if triton is not None:
     @triton.jit
     def _write_kernel(new_keys, new_values, key_stride_b, key_stride_h, value_stride_b, value_stride_h, num_kv,
                       key_addresses, value_addresses, position_addresses, lengths, sink, local,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr):
         segment = tl.program_id(0)
         batch_row, head = segment // num_kv, segment % num_kv
         length = tl.load(lengths + segment)
@@ -166,6 +180,8 @@ if triton is not None:
         in_dim = d < HEAD_DIM
         keys = tl.load(key_addresses + segment).to(tl.pointer_type(new_keys.dtype.element_ty))
         values = tl.load(value_addresses + segment).to(tl.pointer_type(new_values.dtype.element_ty))
+        if ALIGNED:
+            keys, values = tl.multiple_of(keys, 16), tl.multiple_of(values, 16)
         row = slot.to(tl.int64) * HEAD_DIM
         tl.store(keys + row + d, tl.load(new_keys + batch_row * key_stride_b + head * key_stride_h + d, mask=in_dim),
                  mask=in_dim)
@@ -178,7 +194,7 @@ if triton is not None:
     def _attend_kernel(query, query_stride_b, query_stride_h, num_kv, key_addresses, value_addresses,
                        position_addresses, lengths, ring_size, keys_per_split, partial, maxima, sums, scale, splits,
                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_N: tl.constexpr):
+                       BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, PRECISION: tl.constexpr):
         segment, split = tl.program_id(0), tl.program_id(1)
         batch_row, head = segment // num_kv, segment % num_kv
         entries = tl.load(lengths + segment)
@@ -193,6 +209,8 @@ if triton is not None:
         queries = tl.load(query_rows, mask=in_group[:, None] & in_dim[None, :], other=0.0)
         keys = tl.load(key_addresses + segment).to(tl.pointer_type(query.dtype.element_ty))
         values = tl.load(value_addresses + segment).to(tl.pointer_type(query.dtype.element_ty))
+        if ALIGNED:
+            keys, values = tl.multiple_of(keys, 16), tl.multiple_of(values, 16)
         running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
         running_sum = tl.zeros([BLOCK_G], tl.float32)
         accumulator = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -200,16 +218,20 @@ if triton is not None:
             n = block_start + tl.arange(0, BLOCK_N)
             in_range = n < end
             offsets = n.to(tl.int64)[:, None] * HEAD_DIM + d[None, :]
-            load_mask = in_range[:, None] & in_dim[None, :]
+            if BLOCK_D == HEAD_DIM:  # a mask constant along rows keeps the loads wide
+                load_mask = in_range[:, None]
+            else:
+                load_mask = in_range[:, None] & in_dim[None, :]
             block_keys = tl.load(keys + offsets, mask=load_mask, other=0.0)
-            scores = tl.dot(queries, tl.trans(block_keys)) * scale
+            scores = tl.dot(queries, tl.trans(block_keys), input_precision=PRECISION) * scale
             scores = tl.where(in_range[None, :], scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, 1))
             rescale = tl.exp(running_max - new_max)
             weights = tl.exp(scores - new_max[:, None])
             running_sum = running_sum * rescale + tl.sum(weights, 1)
             block_values = tl.load(values + offsets, mask=load_mask, other=0.0)
-            accumulator = accumulator * rescale[:, None] + tl.dot(weights.to(block_values.dtype), block_values)
+            accumulator = accumulator * rescale[:, None] + tl.dot(weights.to(block_values.dtype), block_values,
+                                                                  input_precision=PRECISION)
             running_max = new_max
         stats = (segment * splits + split) * GROUP + g
         tl.store(maxima + stats, running_max, mask=in_group)

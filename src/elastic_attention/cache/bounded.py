@@ -43,6 +43,9 @@ from elastic_attention.backends.tokens import (
 )
 from elastic_attention.errors import InputError
 
+#: Dtypes of the fused decode step (Triton's matrix products take no float64).
+_FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
 
 @dataclass
 class SequenceStore:
@@ -278,7 +281,9 @@ class ElasticCacheLayer(CacheLayerMixin):
         """True when this step is one new token per sequence (sequence n in batch row n) that the fused path takes."""
         if not self.cache.fused_decode or key_states.shape[2] != 1 or key_states.stride(3) != 1:
             return False
-        if not triton_decode_available(key_states.device) or key_states.dtype != self.sequences[0].ring_keys.dtype:
+        if key_states.dtype not in _FUSED_DTYPES or key_states.dtype != self.sequences[0].ring_keys.dtype:
+            return False
+        if not triton_decode_available(key_states.device):
             return False
         return all(row == n and first_row == 0 and count == 1 for n, (row, _, _, first_row, count) in enumerate(spans))
 
@@ -309,8 +314,7 @@ class ElasticCacheLayer(CacheLayerMixin):
                 columns[1].append(values.data_ptr() + slot * row_bytes)
                 columns[2].append(store.ring_positions.data_ptr() if kind == "ring" else 0)
                 columns[3].append(store.length)
-        table = torch.tensor(columns, dtype=torch.int64).to(self.device)
-        return DecodeSegments(*table, num_kv_heads=num_kv)
+        return DecodeSegments.from_columns(*columns, num_kv_heads=num_kv, device=self.device)
 
     def _write_pending(self) -> None:
         keys, values = self._pending
