@@ -5,7 +5,9 @@
 #   2. OUT=$OUT bash scripts/device_session8.sh decode2   (the same after the kernel's fixes: float32 products in
 #      IEEE for float32 states, 16-byte loads through the address table; the XA estimate's timing, TF32 against
 #      float32 products; a profile of 8 layers at 128K, fused and per-sequence bounded step and dense)
-#   3. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session8.sh finding   (issue 4 item 7 on small_s26
+#   3. OUT=$OUT bash scripts/device_session8.sh decode3   (after the host-side cuts: spans once per forward, the
+#      padding mask reduced on the GPU; bench decode compiles in-process; per-step trace of the first cache kind)
+#   4. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session8.sh finding   (issue 4 item 7 on small_s26
 #      with the fixed trainer; the seventh session's call ran out of its 110 s training limit at step 80 of 120)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
@@ -31,6 +33,16 @@ case ${1:-decode} in
     timeout 110 python3 scripts/profile_decode.py --layers 8 --length 131072 --backend flex \
       --caches bounded,bounded_torch,dense > "$OUT/profile_128k.log" 2>&1
     echo "profile rc $?" ;;
+  decode3)
+    timeout 100 python3 -m pytest -q -m gpu tests/test_gpu_cache.py tests/test_gpu_backends.py \
+      -k "cache or xa_scores or left_padded or tables_built" > "$OUT/gpu_tests.log" 2>&1
+    echo "tests rc $? at $(( $(date +%s) - start )) s"
+    timeout 230 $cli bench decode --lengths 32k,128k --batch 1,8 --backend flex --steps 20 \
+      --out "$OUT/decode_8b.json" > "$OUT/decode_8b.log" 2>&1
+    echo "bench rc $? at $(( $(date +%s) - start )) s"
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout 60 python3 scripts/decode_step_trace.py --layers 8 --length 32768 \
+      --kinds bounded,bounded_torch --steps 30 > "$OUT/trace_32k.log" 2>&1
+    echo "trace rc $?" ;;
   finding)
     timeout 260 $cli train scripts/small_finding.yaml output_dir=/tmp/std_t5 elastic.router_standardize=true \
       targets.needle_multikey=0.5 targets.variable_tracking=0.5 --no-progress > "$OUT/std_t5_train.log" 2>&1
@@ -40,7 +52,7 @@ case ${1:-decode} in
       --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
       --lengths 4096,8192 --samples 24 --batch-size 24 --out "$OUT/std_t5_eval" > "$OUT/std_t5_eval.log" 2>&1
     echo "eval rc $?" ;;
-  *) echo "unknown mode $1 (decode, decode2 or finding)" >&2; exit 2 ;;
+  *) echo "unknown mode $1 (decode, decode2, decode3 or finding)" >&2; exit 2 ;;
 esac
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"

@@ -17,6 +17,7 @@ Segments are ordered (sequence, KV head), so segment ``s`` reads the queries of 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -152,9 +153,14 @@ def _pow2(value: int, minimum: int) -> int:
     return max(minimum, 1 << (int(value) - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=None)
+def _processors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 def _key_splits(max_entries: int, num_segments: int, device: torch.device) -> tuple[int, int]:
     """(splits, keys per split): about two programs per SM in all, each over whole key blocks."""
-    programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    programs = 2 * _processors(device)
     blocks = triton.cdiv(max(1, max_entries), _BLOCK_KEYS)
     splits = max(1, min(blocks, triton.cdiv(programs, num_segments)))
     keys_per_split = triton.cdiv(blocks, splits) * _BLOCK_KEYS

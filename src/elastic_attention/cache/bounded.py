@@ -121,7 +121,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         spans = layout.spans()
         for _, _, length, _, _ in spans:
             self._check_limit(length)
-        if self._is_fused_decode_step(spans, key_states):
+        if self._is_fused_decode_step(layout, key_states):
             self._reserve_step()
             self._pending = (key_states, value_states)
             for store in self.sequences:
@@ -277,15 +277,13 @@ class ElasticCacheLayer(CacheLayerMixin):
 
     # -- the fused decode step ----------------------------------------------------------------------------------
 
-    def _is_fused_decode_step(self, spans, key_states: torch.Tensor) -> bool:
+    def _is_fused_decode_step(self, layout, key_states: torch.Tensor) -> bool:
         """True when this step is one new token per sequence (sequence n in batch row n) that the fused path takes."""
-        if not self.cache.fused_decode or key_states.shape[2] != 1 or key_states.stride(3) != 1:
+        if not self.cache.fused_decode or key_states.stride(3) != 1 or not layout.is_single_token_step:
             return False
         if key_states.dtype not in _FUSED_DTYPES or key_states.dtype != self.sequences[0].ring_keys.dtype:
             return False
-        if not triton_decode_available(key_states.device):
-            return False
-        return all(row == n and first_row == 0 and count == 1 for n, (row, _, _, first_row, count) in enumerate(spans))
+        return triton_decode_available(key_states.device)
 
     def _reserve_step(self) -> None:
         """Make room for one more entry in every full store; storage that moves invalidates the address table."""

@@ -54,14 +54,26 @@ class SequenceLayout:
 
         The query rows of sequence n are physical rows [first, first + count) of the query tensor; their logical
         positions are ``key_len - count .. key_len - 1``. Rows of a batch that belong to no sequence are padding.
+        Computed once per layout (every layer of a forward asks); do not modify the returned list.
         """
+        cached = self.__dict__.get("_spans")
+        if cached is not None:
+            return cached
         result = []
         for row, start, length in zip(self.row.tolist(), self.key_start.tolist(), self.key_len.tolist()):
             end = start + length
             first_physical = max(start, self.query_offset)
             count = max(0, end - first_physical)
             result.append((row, start, length, first_physical - self.query_offset, count))
+        object.__setattr__(self, "_spans", result)  # a cache, not a field: the dataclass is frozen
         return result
+
+    @property
+    def is_single_token_step(self) -> bool:
+        """True when sequence n lives in batch row n and has exactly one query, the first row (a decode step)."""
+        return self.query_len == 1 and all(
+            row == n and first_row == 0 and count == 1 for n, (row, _, _, first_row, count) in enumerate(self.spans())
+        )
 
     def query_positions(self) -> list[tuple[int, int]]:
         """Per sequence: (first logical query position, number of queries)."""
@@ -100,14 +112,17 @@ class SequenceLayout:
             )
         batch_size, kv_len = mask.shape
         _check_batch(batch_size, kv_len)
-        valid = mask.to(device="cpu", dtype=torch.bool)
-        key_len = valid.sum(dim=1)
+        # Reduced where the mask lives; only three numbers per row come to the host.
+        valid = mask.to(dtype=torch.bool)
+        positions = torch.arange(kv_len, device=mask.device)
+        key_len, key_start, key_end = torch.stack([
+            valid.sum(dim=1),
+            torch.where(valid, positions, kv_len).min(dim=1).values,
+            torch.where(valid, positions + 1, 0).max(dim=1).values,
+        ]).cpu()
         empty = (key_len == 0).nonzero().flatten().tolist()
         if empty:
             raise InputError(f"attention_mask rows {empty} have no tokens; drop empty samples from the batch")
-        positions = torch.arange(kv_len)
-        key_start = torch.where(valid, positions, kv_len).min(dim=1).values
-        key_end = torch.where(valid, positions + 1, 0).max(dim=1).values
         holes = ((key_end - key_start) != key_len).nonzero().flatten().tolist()
         if holes:
             raise InputError(
