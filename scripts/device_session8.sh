@@ -7,6 +7,8 @@
 #      float32 products; a profile of 8 layers at 128K, fused and per-sequence bounded step and dense)
 #   3. OUT=$OUT bash scripts/device_session8.sh decode3   (after the host-side cuts: spans once per forward, the
 #      padding mask reduced on the GPU; bench decode compiles in-process; per-step trace of the first cache kind)
+#   5. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session8.sh finding2   (the same, the router kept,
+#      and the static hybrid also at MSR 0.75, the whole-head setting below elastic's average)
 #   4. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session8.sh finding   (issue 4 item 7 on small_s26
 #      with the fixed trainer; the seventh session's call ran out of its 110 s training limit at step 80 of 120)
 set -u
@@ -43,6 +45,19 @@ case ${1:-decode} in
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout 60 python3 scripts/decode_step_trace.py --layers 8 --length 32768 \
       --kinds bounded,bounded_torch --steps 30 > "$OUT/trace_32k.log" 2>&1
     echo "trace rc $?" ;;
+  finding2)  # the same training again, the router kept, and the static hybrid also at the whole-head MSR below
+    timeout 200 $cli train scripts/small_finding.yaml output_dir=/tmp/std_t5 elastic.router_standardize=true \
+      targets.needle_multikey=0.5 targets.variable_tracking=0.5 --no-progress > "$OUT/std_t5_train.log" 2>&1
+    echo "train rc $? at $(( $(date +%s) - start )) s"
+    tar -C /tmp/std_t5 -czf "$OUT/std_t5_router.tgz" router summary.json metrics.csv
+    timeout 80 $cli eval --model artifacts/backbone-small --router /tmp/std_t5/router \
+      --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
+      --lengths 4096,8192 --samples 24 --batch-size 24 --out "$OUT/std_t5_eval" > "$OUT/std_t5_eval.log" 2>&1
+    echo "eval rc $? at $(( $(date +%s) - start )) s"
+    timeout 60 $cli eval --model artifacts/backbone-small --router /tmp/std_t5/router --modes static \
+      --static-msr 0.75 --tasks needle_multikey,variable_tracking,local_recall --lengths 4096,8192 --samples 24 \
+      --batch-size 24 --out "$OUT/std_t5_eval_static075" > "$OUT/std_t5_eval_static075.log" 2>&1
+    echo "static eval rc $?" ;;
   finding)
     timeout 260 $cli train scripts/small_finding.yaml output_dir=/tmp/std_t5 elastic.router_standardize=true \
       targets.needle_multikey=0.5 targets.variable_tracking=0.5 --no-progress > "$OUT/std_t5_train.log" 2>&1
@@ -52,7 +67,7 @@ case ${1:-decode} in
       --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
       --lengths 4096,8192 --samples 24 --batch-size 24 --out "$OUT/std_t5_eval" > "$OUT/std_t5_eval.log" 2>&1
     echo "eval rc $?" ;;
-  *) echo "unknown mode $1 (decode, decode2, decode3 or finding)" >&2; exit 2 ;;
+  *) echo "unknown mode $1 (decode, decode2, decode3, finding or finding2)" >&2; exit 2 ;;
 esac
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"
