@@ -99,6 +99,20 @@ def test_decode_rows_cover_only_the_new_queries():
         assert torch.equal(expand_to_tokens(tables, layout, n, 0), expected)
 
 
+def test_single_token_step_is_recognised_from_the_spans():
+    """A decode step: one query per sequence, sequence n in row n; a prefill or a packed row is not one."""
+    mask = torch.ones(2, 50, dtype=torch.bool)
+    mask[1, :20] = False
+    step = SequenceLayout.from_padding_mask(mask, query_len=1)
+    assert step.is_single_token_step
+    assert step.spans() is step.spans()  # computed once per layout
+    assert step.spans() == [(0, 0, 50, 0, 1), (1, 20, 30, 0, 1)]
+    assert not SequenceLayout.from_padding_mask(mask, query_len=3).is_single_token_step
+    assert not SequenceLayout.from_padding_mask(mask).is_single_token_step
+    packed = SequenceLayout.from_position_ids(torch.tensor([[0, 1, 2, 0, 1]]))
+    assert not packed.is_single_token_step
+
+
 def test_xa_heads_at_decode_attend_every_key():
     config = config_for(8, 1, 2, configuration="fa-xa")
     layout = SequenceLayout.dense(1, 30, query_len=1)
