@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from elastic_attention.errors import InputError
+
 try:
     import triton
     import triton.language as tl
@@ -35,7 +37,8 @@ _BLOCK_KEYS = 64
 
 def triton_decode_available(device: torch.device) -> bool:
     """True when the Triton decode kernels can run on ``device``: a CUDA device with Triton installed, or the CPU
-    under Triton's interpreter (``TRITON_INTERPRET=1``, for debugging: float32 and float64 only)."""
+    under Triton's interpreter (``TRITON_INTERPRET=1``, for debugging, float32 only: the interpreter does not read
+    half-precision storage through raw addresses)."""
     if triton is None:
         return False
     return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
@@ -43,8 +46,7 @@ def triton_decode_available(device: torch.device) -> bool:
 
 @dataclass
 class DecodeSegments:
-    """The (sequence, KV head) segments of one layer, by address. Every tensor is int64 [N] on the cache's device
-    except ``lengths`` (int32 [N]).
+    """The (sequence, KV head) segments of one layer, by address. Every tensor is int64 [N] on the cache's device.
 
     Attributes:
         key_addresses, value_addresses: address of entry 0 of the segment's keys / values (rows of head_dim).
@@ -96,7 +98,7 @@ def write_step_entries(new_keys: torch.Tensor, new_values: torch.Tensor, segment
 
 
 def decode_attention(query: torch.Tensor, segments: DecodeSegments, scale: float, *, ring_size: int,
-                     max_entries: int, output: torch.Tensor | None = None) -> torch.Tensor:
+                     max_entries: int) -> torch.Tensor:
     """One query per head over each segment's entries: all of a full-store segment, the filled slots of a ring.
 
     Args:
@@ -104,7 +106,6 @@ def decode_attention(query: torch.Tensor, segments: DecodeSegments, scale: float
         segments: the layer's segments, ``lengths`` already counting this step's entry.
         ring_size: sink + local, the slots of a ring (a ring segment reads min(length, ring_size) of them).
         max_entries: an upper bound on any segment's entries this step (sets the key splits).
-        output: optional [B, Hq, 1, D] to write into.
 
     Returns:
         [B, Hq, 1, D] in the query's dtype; softmax in float32.
@@ -112,7 +113,7 @@ def decode_attention(query: torch.Tensor, segments: DecodeSegments, scale: float
     batch, num_query_heads, _, head_dim = query.shape
     num_kv = segments.num_kv_heads
     if num_query_heads % num_kv or batch * num_kv != segments.num_segments or query.stride(3) != 1:
-        raise ValueError(
+        raise InputError(
             f"query {tuple(query.shape)} does not match {segments.num_segments} segments of {num_kv} KV heads "
             "(or its last axis is strided)"
         )
@@ -130,8 +131,7 @@ def decode_attention(query: torch.Tensor, segments: DecodeSegments, scale: float
         ALIGNED=segments.aligned and head_dim % 8 == 0,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
     )
-    if output is None:
-        output = torch.empty_like(query)
+    output = torch.empty_like(query)
     _merge_kernel[(num_segments,)](
         partial, maxima, sums, output, output.stride(0), output.stride(1), num_kv, splits,
         GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=block_d,
@@ -141,12 +141,12 @@ def decode_attention(query: torch.Tensor, segments: DecodeSegments, scale: float
 
 def _check_states(new_keys: torch.Tensor, new_values: torch.Tensor, segments: DecodeSegments, count: int) -> None:
     if new_keys.shape != new_values.shape or new_keys.shape[2] != 1 or count != segments.num_segments:
-        raise ValueError(
+        raise InputError(
             f"a decode step writes one entry per segment: got keys {tuple(new_keys.shape)}, values "
             f"{tuple(new_values.shape)} for {segments.num_segments} segments"
         )
     if new_keys.stride(3) != 1 or new_values.stride(3) != 1:
-        raise ValueError("the new keys and values need a contiguous last axis")
+        raise InputError("the new keys and values need a contiguous last axis")
 
 
 def _pow2(value: int, minimum: int) -> int:

@@ -298,18 +298,18 @@ class ElasticCacheLayer(CacheLayerMixin):
         columns: list[list[int]] = [[], [], [], []]  # key, value and position addresses, lengths
         num_kv = 0
         for store in self.sequences:
-            where = {}
+            where = {}  # KV head -> (its store, its index there)
             for kind, heads in (("full", store.full_heads), ("ring", store.ring_heads)):
-                for slot, head in enumerate(heads.tolist()):
-                    where[head] = (kind, slot)
+                for index, head in enumerate(heads.tolist()):
+                    where[head] = (kind, index)
             num_kv = len(where)
             for head in range(num_kv):
-                kind, slot = where[head]
+                kind, index = where[head]
                 keys, values = (store.full_keys, store.full_values) if kind == "full" else (store.ring_keys,
                                                                                             store.ring_values)
-                row_bytes = keys.stride(0) * keys.element_size()
-                columns[0].append(keys.data_ptr() + slot * row_bytes)
-                columns[1].append(values.data_ptr() + slot * row_bytes)
+                head_bytes = keys.stride(0) * keys.element_size()
+                columns[0].append(keys.data_ptr() + index * head_bytes)
+                columns[1].append(values.data_ptr() + index * head_bytes)
                 columns[2].append(store.ring_positions.data_ptr() if kind == "ring" else 0)
                 columns[3].append(store.length)
         return DecodeSegments.from_columns(*columns, num_kv_heads=num_kv, device=self.device)
