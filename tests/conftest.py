@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # Triton 3.6's interpreter turns a loop bound held in a tensor into an int with int(array), which numpy 2 refuses
+    # for arrays of shape (1,); the fused decode kernels loop over key blocks up to such a bound.
+    from triton.runtime import interpreter
+
+    _patch_lang_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    if _patch_lang_tensor is not None:
+
+        def _patch_lang_tensor_with_index(tensor, scope):
+            _patch_lang_tensor(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
+
+        interpreter._patch_lang_tensor = _patch_lang_tensor_with_index
 
 FAMILY_NAMES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -80,6 +96,72 @@ def streaming_suffix_case(count: int, sink: int, local: int, head_dim: int, scal
                                torch.arange(first, first + count), positions, torch.ones(2, dtype=torch.bool),
                                sink_tokens=sink, local_tokens=local, scale=scale)
     return (query, sink_key, sink_value, window_key, window_value), expected
+
+
+def per_sample_routers(model):
+    """Routers whose decisions depend strongly on the input, so samples of one batch route differently."""
+    from elastic_attention import routers_of
+
+    with torch.no_grad():
+        for router in routers_of(model).values():
+            for parameter in router.parameters():
+                parameter.mul_(300.0)
+
+
+def fused_decode_case(device: str, dtype: torch.dtype, group: int, head_dim: int, lengths: list[int]):
+    """One fused decode step (`write_step_entries` + `decode_attention`) over (sequence, KV head) segments of the given
+    lengths, half of them full stores and half rings (sink 5, local 100: empty, filling, at and past the wrap point),
+    against float64 attention over each segment's visible positions of the same ``dtype``-rounded values.
+
+    Returns:
+        (actual, expected): [len(lengths), 3 * group, 1, head_dim] float64 on the CPU.
+    """
+    from elastic_attention.backends.triton_decode import DecodeSegments, decode_attention, write_step_entries
+
+    torch.manual_seed(group * head_dim)
+    sink, local, num_kv = 5, 100, 3
+    ring_size = sink + local
+    is_full = lambda n, h: (n + h) % 2 == 0  # noqa: E731
+    columns, kept, history = [[], [], [], []], [], {}
+    for n, length in enumerate(lengths):
+        for h in range(num_kv):
+            past = torch.randn(2, length, head_dim, dtype=torch.float64)  # keys, values by position
+            history[n, h] = past
+            full = is_full(n, h)
+            store = torch.randn(2, length + 17 if full else ring_size, head_dim, dtype=torch.float64)
+            positions = torch.full((ring_size,), -1, dtype=torch.long)
+            survivors = torch.arange(length) if full else torch.cat(
+                [torch.arange(min(sink, length)), torch.arange(min(length, max(sink, length - local)), length)])
+            slots = survivors if full else torch.where(survivors < sink, survivors, sink + (survivors - sink) % local)
+            store[:, slots] = past[:, survivors]
+            positions[slots[:ring_size]] = survivors[:ring_size]
+            store, positions = store.to(device, dtype), positions.to(device)
+            kept += [store, positions]
+            columns[0].append(store[0].data_ptr())
+            columns[1].append(store[1].data_ptr())
+            columns[2].append(0 if full else positions.data_ptr())
+            columns[3].append(length)
+    segments = DecodeSegments.from_columns(*columns, num_kv_heads=num_kv, device=torch.device(device))
+    assert segments.aligned
+    new_entries = torch.randn(2, len(lengths), num_kv, 1, head_dim, dtype=torch.float64)
+    query = torch.randn(len(lengths), num_kv * group, 1, head_dim, dtype=torch.float64)
+    write_step_entries(*new_entries.to(device, dtype), segments, sink_tokens=sink, local_tokens=local)
+    actual = decode_attention(query.to(device, dtype), segments, 0.1, ring_size=ring_size,
+                              max_entries=max(lengths) + 1)
+    assert segments.lengths.tolist() == [length + 1 for length in lengths for _ in range(num_kv)]
+    expected = torch.empty_like(query)
+    for (n, h), past in history.items():
+        length = lengths[n]
+        entries = torch.cat([past, new_entries[:, n, h]], dim=1)  # positions 0 .. length
+        visible = torch.arange(length + 1)
+        if not is_full(n, h):
+            visible = visible[(visible < sink) | (visible > length - local)]
+            ring_positions = kept[2 * (n * num_kv + h) + 1].cpu()
+            assert sorted(ring_positions[ring_positions >= 0].tolist()) == visible.tolist()
+        keys, values = entries[:, visible].to(dtype).double()
+        rows = query[n, h * group : (h + 1) * group, 0].to(dtype).double()
+        expected[n, h * group : (h + 1) * group, 0] = torch.softmax(rows @ keys.T * 0.1, -1) @ values
+    return actual.double().cpu(), expected
 
 
 def masked_attention_float64(query, key, value, mask, scale):

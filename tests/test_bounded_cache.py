@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import streaming_suffix_case, tiny_model
+from conftest import per_sample_routers, streaming_suffix_case, tiny_model
 
-from elastic_attention import ElasticCache, ElasticConfig, InputError, attach, force_routing, routers_of
+from elastic_attention import ElasticCache, ElasticConfig, InputError, attach, force_routing
 from elastic_attention.backends.tokens import causal_suffix_attention, streaming_suffix_attention, token_attention
 from elastic_attention.integration import runtime_of
 from elastic_attention.patterns.tokens import token_rule_mask
@@ -15,14 +15,6 @@ CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4
 def attached(family="llama", cache="bounded", config=CONFIG, layers=2, seed=0):
     model = tiny_model(family, layers=layers, seed=seed)
     return attach(model, config, backend="reference", cache=cache)
-
-
-def per_sample_routers(model):
-    """Routers whose decisions depend strongly on the input, so samples of one batch route differently."""
-    with torch.no_grad():
-        for router in routers_of(model).values():
-            for parameter in router.parameters():
-                parameter.mul_(300.0)
 
 
 def prompt(batch=2, width=40, seed=0):

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import streaming_suffix_case, tiny_model
+from conftest import fused_decode_case, streaming_suffix_case, tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, attach, force_routing
 
@@ -51,55 +51,9 @@ def test_bounded_decode_on_the_gpu_matches_float64(dtype, tolerance):
 
 @pytest.mark.parametrize("group, head_dim", [(4, 128), (1, 64), (3, 96)])
 def test_fused_decode_kernels_match_float64(group, head_dim):
-    """`write_step_entries` + `decode_attention` over segments of odd lengths (full stores and rings, filled or not,
-    at and past the wrap point) against float64 attention over each segment's visible positions."""
-    from elastic_attention.backends.triton_decode import DecodeSegments, decode_attention, write_step_entries
-
-    torch.manual_seed(group * head_dim)
-    sink, local, num_kv = 5, 100, 3
-    ring_size = sink + local
-    lengths = [0, 37, 104, 105, 2175, 70001]  # entries before the step; the step adds one
-    is_full = lambda n, h: (n + h) % 2 == 0  # noqa: E731
-    columns, kept, history = [[], [], [], []], [], {}
-    for n, length in enumerate(lengths):
-        for h in range(num_kv):
-            past = torch.randn(2, length, head_dim, dtype=torch.float64)  # keys, values by position
-            history[n, h] = past
-            full = is_full(n, h)
-            store = torch.randn(2, length + 17 if full else ring_size, head_dim, dtype=torch.float64)
-            positions = torch.full((ring_size,), -1, dtype=torch.long)
-            survivors = torch.arange(length) if full else torch.cat(
-                [torch.arange(min(sink, length)), torch.arange(min(length, max(sink, length - local)), length)])
-            slots = survivors if full else torch.where(survivors < sink, survivors, sink + (survivors - sink) % local)
-            store[:, slots] = past[:, survivors]
-            positions[slots[:ring_size]] = survivors[:ring_size]
-            store, positions = store.to("cuda", torch.bfloat16), positions.cuda()
-            kept += [store, positions]
-            columns[0].append(store[0].data_ptr())
-            columns[1].append(store[1].data_ptr())
-            columns[2].append(0 if full else positions.data_ptr())
-            columns[3].append(length)
-    segments = DecodeSegments.from_columns(*columns, num_kv_heads=num_kv, device=torch.device("cuda"))
-    assert segments.aligned
-    new_entries = torch.randn(2, len(lengths), num_kv, 1, head_dim, dtype=torch.float64)
-    query = torch.randn(len(lengths), num_kv * group, 1, head_dim, dtype=torch.float64)
-    write_step_entries(*new_entries.to("cuda", torch.bfloat16), segments, sink_tokens=sink, local_tokens=local)
-    actual = decode_attention(query.to("cuda", torch.bfloat16), segments, 0.1, ring_size=ring_size,
-                              max_entries=max(lengths) + 1)
-    assert segments.lengths.tolist() == [length + 1 for length in lengths for _ in range(num_kv)]
-    expected = torch.empty_like(query)
-    for (n, h), past in history.items():
-        length = lengths[n]
-        entries = torch.cat([past, new_entries[:, n, h]], dim=1)  # positions 0 .. length
-        visible = torch.arange(length + 1)
-        if not is_full(n, h):
-            visible = visible[(visible < sink) | (visible > length - local)]
-            ring_positions = kept[2 * (n * num_kv + h) + 1].cpu()
-            assert sorted(ring_positions[ring_positions >= 0].tolist()) == visible.tolist()
-        keys, values = entries[:, visible].to(torch.bfloat16).double()
-        rows = query[n, h * group : (h + 1) * group, 0].to(torch.bfloat16).double()
-        expected[n, h * group : (h + 1) * group, 0] = torch.softmax(rows @ keys.T * 0.1, -1) @ values
-    assert float((actual.double().cpu() - expected).abs().max()) < 2e-2
+    """`write_step_entries` + `decode_attention` in bf16 over segments of odd lengths against float64."""
+    actual, expected = fused_decode_case("cuda", torch.bfloat16, group, head_dim, [0, 37, 104, 105, 2175, 70001])
+    assert float((actual - expected).abs().max()) < 2e-2
 
 
 @pytest.mark.parametrize("count, length", [(777, 777), (1000, 5003), (129, 70001)])

@@ -35,13 +35,16 @@ except ImportError:  # the cache falls back to its per-sequence torch path
 _BLOCK_KEYS = 64
 
 
-def triton_decode_available(device: torch.device) -> bool:
-    """True when the Triton decode kernels can run on ``device``: a CUDA device with Triton installed, or the CPU
-    under Triton's interpreter (``TRITON_INTERPRET=1``, for debugging, float32 only: the interpreter does not read
-    half-precision storage through raw addresses)."""
+def triton_decode_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """True when the Triton decode kernels can run on ``device`` for states of ``dtype``: a CUDA device with Triton
+    installed (bf16, fp16, float32: Triton's products take no float64), or the CPU under Triton's interpreter
+    (``TRITON_INTERPRET=1``, for tests and debugging; float32 only, the interpreter does not read half-precision
+    storage through raw addresses)."""
     if triton is None:
         return False
-    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    if device.type == "cuda":
+        return dtype in (torch.bfloat16, torch.float16, torch.float32)
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and dtype == torch.float32
 
 
 @dataclass

@@ -43,9 +43,6 @@ from elastic_attention.backends.tokens import (
 )
 from elastic_attention.errors import InputError
 
-#: Dtypes of the fused decode step (Triton's matrix products take no float64).
-_FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
 
 @dataclass
 class SequenceStore:
@@ -281,9 +278,9 @@ class ElasticCacheLayer(CacheLayerMixin):
         """True when this step is one new token per sequence (sequence n in batch row n) that the fused path takes."""
         if not self.cache.fused_decode or key_states.stride(3) != 1 or not layout.is_single_token_step:
             return False
-        if key_states.dtype not in _FUSED_DTYPES or key_states.dtype != self.sequences[0].ring_keys.dtype:
+        if key_states.dtype != self.sequences[0].ring_keys.dtype:
             return False
-        return triton_decode_available(key_states.device)
+        return triton_decode_available(key_states.device, key_states.dtype)
 
     def _reserve_step(self) -> None:
         """Make room for one more entry in every full store; storage that moves invalidates the address table."""
