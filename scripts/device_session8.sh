@@ -9,6 +9,8 @@
 #      padding mask reduced on the GPU; bench decode compiles in-process; per-step trace of the first cache kind)
 #   5. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session8.sh finding2   (the same, the router kept,
 #      and the static hybrid also at MSR 0.75, the whole-head setting below elastic's average)
+#   6. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session8.sh finding_abs   (finding2 with the
+#      absolute linear term)
 #   4. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session8.sh finding   (issue 4 item 7 on small_s26
 #      with the fixed trainer; the seventh session's call ran out of its 110 s training limit at step 80 of 120)
 set -u
@@ -58,6 +60,16 @@ case ${1:-decode} in
       --static-msr 0.75 --tasks needle_multikey,variable_tracking,local_recall --lengths 4096,8192 --samples 24 \
       --batch-size 24 --out "$OUT/std_t5_eval_static075" > "$OUT/std_t5_eval_static075.log" 2>&1
     echo "static eval rc $?" ;;
+  finding_abs)  # finding2's training with the absolute linear term (signed against absolute, the fixed trainer)
+    timeout 150 $cli train scripts/small_finding.yaml output_dir=/tmp/std_t5_abs elastic.router_standardize=true \
+      targets.needle_multikey=0.5 targets.variable_tracking=0.5 linear_term=absolute --no-progress \
+      > "$OUT/std_t5_abs_train.log" 2>&1
+    echo "train rc $? at $(( $(date +%s) - start )) s"
+    cp /tmp/std_t5_abs/summary.json "$OUT/std_t5_abs_summary.json"
+    timeout 60 $cli eval --model artifacts/backbone-small --router /tmp/std_t5_abs/router \
+      --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
+      --lengths 4096,8192 --samples 24 --batch-size 24 --out "$OUT/std_t5_abs_eval" > "$OUT/std_t5_abs_eval.log" 2>&1
+    echo "eval rc $?" ;;
   finding)
     timeout 260 $cli train scripts/small_finding.yaml output_dir=/tmp/std_t5 elastic.router_standardize=true \
       targets.needle_multikey=0.5 targets.variable_tracking=0.5 --no-progress > "$OUT/std_t5_train.log" 2>&1
@@ -67,7 +79,7 @@ case ${1:-decode} in
       --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
       --lengths 4096,8192 --samples 24 --batch-size 24 --out "$OUT/std_t5_eval" > "$OUT/std_t5_eval.log" 2>&1
     echo "eval rc $?" ;;
-  *) echo "unknown mode $1 (decode, decode2, decode3, finding or finding2)" >&2; exit 2 ;;
+  *) echo "unknown mode $1 (decode, decode2, decode3, finding, finding2 or finding_abs)" >&2; exit 2 ;;
 esac
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"
