@@ -1,5 +1,6 @@
 """Wall time of every decode step (synchronised) for cache kinds in turn, to see transients (first steps, first
-kind in the process) that medians hide. 8B-shaped random model, FA-SSA at --msr.
+kind in the process) that medians hide. 8B-shaped random model, FA-SSA at --msr. Compiles with Inductor's worker
+processes unless TORCHINDUCTOR_COMPILE_THREADS=1 (that transient is what it found).
 
   python scripts/decode_step_trace.py --layers 8 --length 32768 --kinds bounded,bounded_torch,bounded --steps 40
 """
@@ -11,9 +12,10 @@ import time
 
 import torch
 
-from elastic_attention import ElasticCache, attach, detach, force_routing
+from elastic_attention import detach
 from elastic_attention.backends.tokens import single_query_kernels
-from elastic_attention.bench.model import add_model_arguments, build_model, elastic_config, forced_routing
+from elastic_attention.bench.decode import prepare_kind
+from elastic_attention.bench.model import add_model_arguments, build_model
 
 
 def main() -> None:
@@ -30,9 +32,9 @@ def main() -> None:
     model = build_model(args, device, args.length + args.steps + 8)
     prompt = torch.randint(0, args.vocab, (1, args.length), device=device)
     for kind in args.kinds.split(","):
-        attach(model, elastic_config(args), backend=args.backend, cache="bounded")
-        force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
-        cache = ElasticCache(model, fused_decode=kind == "bounded")
+        if not kind.startswith("bounded"):
+            raise SystemExit(f"--kinds takes bounded and bounded_torch, got {kind!r}")
+        cache = prepare_kind(model, kind, args)
         with torch.inference_mode(), single_query_kernels():
             output = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
             token, length = output.logits[:, -1:].argmax(-1), args.length

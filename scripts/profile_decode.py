@@ -19,9 +19,10 @@ import warnings
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from elastic_attention import ElasticCache, attach, detach, force_routing
+from elastic_attention import detach
 from elastic_attention.backends.tokens import single_query_kernels
-from elastic_attention.bench.model import add_model_arguments, build_model, elastic_config, forced_routing
+from elastic_attention.bench.decode import compile_in_process, prepare_kind
+from elastic_attention.bench.model import add_model_arguments, build_model
 from elastic_attention.integration.attach import is_attached, runtime_of
 
 
@@ -35,15 +36,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
     device = torch.device(args.device)
+    compile_in_process()
     model = build_model(args, device, args.length + 64)
     prompt = torch.randint(0, args.vocab, (1, args.length), device=device)
     for kind in args.caches.split(","):
-        cache = None
-        if kind != "dense":
-            attach(model, elastic_config(args), backend=args.backend, cache="full" if kind == "full" else "bounded")
-            force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
-            if kind.startswith("bounded"):
-                cache = ElasticCache(model, fused_decode=kind == "bounded")
+        cache = prepare_kind(model, kind, args)
         with torch.inference_mode(), single_query_kernels():
             output = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache, token, length = output.past_key_values, output.logits[:, -1:].argmax(-1), args.length

@@ -46,6 +46,7 @@ def test_decode_steps_take_the_fused_path_and_equal_the_per_sequence_path():
         streaming = [[bool(h) for layer in range(2) for h in runtime_of(model).streaming_heads(layer, n, 2)]
                      for n in range(2)]
         assert streaming[0] != streaming[1] and not all(streaming[0] + streaming[1])  # per-sample, some full heads
+        assert cache.fused_decode_steps == (continuation.shape[1] if fused else 0)
         if fused:
             assert all(table is not None for step in tables for table in step)
             # storage moved at least once (a full store grew): some layer's table was rebuilt

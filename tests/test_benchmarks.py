@@ -59,6 +59,7 @@ def test_decode_benchmark_smoke_run_on_cpu(tmp_path):
         assert bounded["bytes_vs_dense"] == pytest.approx(bounded["bytes_vs_full"], rel=0.01)
         assert bounded["cache_bytes"] == batch * rows["bounded", 1]["cache_bytes"]
         assert bounded["bytes_vs_bounded_torch"] == 1.0 and bounded["speedup_vs_bounded_torch"] > 0
+        assert rows["bounded_torch", batch]["fused_decode_steps"] == 0  # no Triton on a CPU: the torch path
     assert rows["bounded", 1]["max_logit_difference"] < 1e-4
 
 

@@ -97,18 +97,35 @@ def prefill(model, prompt: torch.Tensor, chunk: int, device: torch.device, cache
     return output, time.perf_counter() - start, peak
 
 
+def compile_in_process() -> None:
+    """Compile in this process. Inductor's compile workers, started by FlexAttention's first compile, take the host's
+    cores for seconds afterwards; every CPU op with a thread pool then crawls, and whichever cache decodes first pays
+    for it (measured on the H200 host: steps of 60 ms instead of 7 ms for two seconds; none with one OpenMP thread)."""
+    from torch._inductor import config as inductor_config
+
+    inductor_config.compile_threads = 1
+
+
+def prepare_kind(model, kind: str, args) -> ElasticCache | None:
+    """Set ``model`` up for one cache kind (`CACHE_KINDS`): elastic attention attached with routing forced to
+    ``args.msr`` unless ``dense``. Returns the `ElasticCache` to prefill for the bounded kinds, else None (the model
+    chooses its cache)."""
+    if kind not in CACHE_KINDS:
+        raise ValueError(f"unknown cache kind {kind!r}; choose from {', '.join(CACHE_KINDS)}")
+    if kind == "dense":
+        return None
+    attach(model, elastic_config(args), backend=args.backend, cache="full" if kind == "full" else "bounded")
+    force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
+    return ElasticCache(model, fused_decode=kind == "bounded") if kind.startswith("bounded") else None
+
+
 def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.device) -> tuple[list[dict], torch.Tensor]:
     """Prefill ``prompt`` [1, L] with one cache kind, then time decode steps at every batch size.
 
     Returns:
         (one row per batch size, the batch-1 next-token logits [1, 1, vocab] float32).
     """
-    cache = None
-    if kind != "dense":
-        attach(model, elastic_config(args), backend=args.backend, cache="full" if kind == "full" else "bounded")
-        force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
-        if kind.startswith("bounded"):
-            cache = ElasticCache(model, fused_decode=kind == "bounded")
+    cache = prepare_kind(model, kind, args)
     length = prompt.shape[1]
     rows, first_logits, batch = [], None, 1
     state = {}
@@ -145,6 +162,8 @@ def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.dev
                     row["cache_bytes"] = cache_bytes(state["cache"])
                     with single_query_kernels():
                         row["decode_step_s"] = timed(step, device, args.steps, warmup=1)
+                    if isinstance(state["cache"], ElasticCache):  # which decode path the steps took, not assumed
+                        row["fused_decode_steps"] = state["cache"].fused_decode_steps
                     if kind == "dense":  # also as the model runs by default (torch may pick cuDNN)
                         row["decode_step_s_default_sdpa"] = timed(step, device, args.steps, warmup=1)
                 except torch.OutOfMemoryError:
@@ -168,12 +187,7 @@ def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.dev
 
 def run(args) -> dict:
     device = torch.device(args.device)
-    # Inductor's compile workers, started by FlexAttention's first compile, take the host's cores for seconds
-    # afterwards; every CPU op with a thread pool then crawls, and whichever cache decodes first paid for it (measured
-    # on the H200 host: steps of 60 ms instead of 7 ms for two seconds; none with one OpenMP thread). Compile in-process.
-    from torch._inductor import config as inductor_config
-
-    inductor_config.compile_threads = 1
+    compile_in_process()
     model = build_model(args, device, max(args.lengths))
     rows = []
     for length in args.lengths:

@@ -93,6 +93,8 @@ class ElasticCacheLayer(CacheLayerMixin):
         self._segments: DecodeSegments | None = None
         #: A fused decode step's new keys and values [B, Hkv, 1, D], between `update` and `attend`.
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: Decode steps this layer ran through the fused kernels.
+        self.fused_steps = 0
 
     # -- the Hugging Face layer interface ------------------------------------------------------------------------
 
@@ -321,6 +323,7 @@ class ElasticCacheLayer(CacheLayerMixin):
     def _attend_fused(self, query: torch.Tensor, scale: float) -> torch.Tensor:
         """The fused decode step: write every sequence's new entries, then attend them, two launches (+ a merge)."""
         self._write_pending()
+        self.fused_steps += 1
         config = self.cache.runtime.config
         max_entries = max(store.length for store in self.sequences)
         return decode_attention(query, self._segments, scale, ring_size=config.sink_tokens + config.local_tokens,
@@ -446,6 +449,11 @@ class ElasticCache(Cache):
         sequences = len(self.layers[0].sequences)
         super().batch_repeat_interleave(repeats)
         self.runtime.select_sequences(torch.arange(sequences).repeat_interleave(repeats))
+
+    @property
+    def fused_decode_steps(self) -> int:
+        """Decode steps that ran through the fused kernels (those of the first layer; every layer takes the same path)."""
+        return self.layers[0].fused_steps
 
     def nbytes(self) -> int:
         """Bytes held by the stored keys, values and ring positions, all layers."""
