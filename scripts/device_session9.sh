@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Ninth device session (2026-11-30):
+#   1. carry .fa4a: bash .fa4a/stage.sh
+#   2. carry .fa4b: OUT=$OUT bash scripts/device_session9.sh prefill   (every GPU test with flash-attn-4 installed, on
+#      the eighth session's final code; issue 5 item 4b at 128K: SDPA, dense FA4, FA-SSA and XA-SSA at MSR 0.7)
+#   3. OUT=$OUT bash scripts/device_session9.sh prefill256   (the same model at 256K tokens, same machine)
+#   4. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session9.sh temperature   (issue 4 item 7: the
+#      eighth session's finding2 training with the paper's exponential temperature decay, with the fixed trainer)
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
+start=$(date +%s)
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+cli="python3 -m elastic_attention.cli"
+with_fa4() {
+  [ -d /tmp/fa4site ] || bash .fa4b/install.sh > "$OUT/fa4_install.log" 2>&1
+  export PYTHONPATH=$PWD/src:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages
+}
+case ${1:-prefill} in
+  prefill)
+    with_fa4
+    timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1
+    echo "gpu tests rc $? at $(( $(date +%s) - start )) s"
+    timeout 300 $cli bench prefill --lengths 128k --modes sdpa,fa4_dense --configurations fa-ssa,xa-ssa --repeats 2 \
+      --out "$OUT/prefill_128k.json" > "$OUT/prefill_128k.log" 2>&1
+    echo "prefill rc $?" ;;
+  prefill256)
+    with_fa4
+    timeout 560 $cli bench prefill --lengths 256k --modes sdpa,fa4_dense --configurations fa-ssa --repeats 2 \
+      --out "$OUT/prefill_256k.json" > "$OUT/prefill_256k.log" 2>&1
+    echo "prefill rc $?" ;;
+  temperature)
+    timeout 220 $cli train scripts/small_finding.yaml output_dir=/tmp/std_t5_exp elastic.router_standardize=true \
+      targets.needle_multikey=0.5 targets.variable_tracking=0.5 temperature.kind=exponential --no-progress \
+      > "$OUT/std_t5_exp_train.log" 2>&1
+    echo "train rc $? at $(( $(date +%s) - start )) s"
+    cp /tmp/std_t5_exp/summary.json "$OUT/std_t5_exp_summary.json"
+    timeout 80 $cli eval --model artifacts/backbone-small --router /tmp/std_t5_exp/router \
+      --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
+      --lengths 4096,8192 --samples 24 --batch-size 24 --out "$OUT/std_t5_exp_eval" > "$OUT/std_t5_exp_eval.log" 2>&1
+    echo "eval rc $?" ;;
+  *) echo "unknown mode $1 (prefill, prefill256 or temperature)" >&2; exit 2 ;;
+esac
+echo "done at $(( $(date +%s) - start )) s"
+ls -la "$OUT"
