@@ -6,6 +6,10 @@
 #   3. OUT=$OUT bash scripts/device_session9.sh prefill256   (the same model at 256K tokens, same machine)
 #   4. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session9.sh temperature   (issue 4 item 7: the
 #      eighth session's finding2 training with the paper's exponential temperature decay, with the fixed trainer)
+#   5. OUT=$OUT bash scripts/device_session9.sh xa   (issue 5: the one-pass Triton XA estimate: its GPU tests, then its
+#      timing against the torch estimate at 32K and 128K)
+#   6. carry .fa4a: bash .fa4a/stage.sh; then carry .fa4b: OUT=$OUT bash scripts/device_session9.sh xa_prefill
+#      (end-to-end prefill with XA heads, the estimate now the Triton one: XA-SSA and FA-SSA against dense FA4)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 start=$(date +%s)
@@ -38,7 +42,19 @@ case ${1:-prefill} in
       --modes full,elastic,static,sparse --tasks needle_multikey,variable_tracking,local_recall \
       --lengths 4096,8192 --samples 24 --batch-size 24 --out "$OUT/std_t5_exp_eval" > "$OUT/std_t5_exp_eval.log" 2>&1
     echo "eval rc $?" ;;
-  *) echo "unknown mode $1 (prefill, prefill256 or temperature)" >&2; exit 2 ;;
+  xa)
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_backends.py -k "xa" \
+      > "$OUT/gpu_tests.log" 2>&1
+    echo "gpu tests rc $? at $(( $(date +%s) - start )) s"
+    timeout 300 python3 scripts/xa_estimate_timing.py --lengths 32768,131072 --sweep --out "$OUT/xa_estimate.json" \
+      > "$OUT/xa_estimate.log" 2>&1
+    echo "timing rc $?" ;;
+  xa_prefill)
+    with_fa4
+    timeout 400 $cli bench prefill --lengths 32k,128k --modes fa4_dense --configurations xa-ssa,fa-ssa --repeats 2 \
+      --out "$OUT/prefill_xa.json" > "$OUT/prefill_xa.log" 2>&1
+    echo "prefill rc $?" ;;
+  *) echo "unknown mode $1 (prefill, prefill256, temperature, xa or xa_prefill)" >&2; exit 2 ;;
 esac
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"

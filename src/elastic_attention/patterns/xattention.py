@@ -23,6 +23,7 @@ keep float32 products).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -30,7 +31,16 @@ import torch.nn.functional as F
 
 from elastic_attention.errors import ConfigError, InputError
 
-__all__ = ["antidiagonal_block_scores", "select_blocks_by_mass", "xattention_block_mask"]
+__all__ = [
+    "BlockScorer",
+    "antidiagonal_block_scores",
+    "resolve_score_arguments",
+    "select_blocks_by_mass",
+    "xattention_block_mask",
+]
+
+#: A function with `antidiagonal_block_scores`'s arguments and result (a faster kernel of the same rule).
+BlockScorer = Callable[..., torch.Tensor]
 
 # Upper bound on the strided scores held at once (per chunk, all heads), in float32 elements.
 _MAX_CHUNK_FLOATS = 1 << 26
@@ -68,10 +78,21 @@ def antidiagonal_block_scores(
         ConfigError: If ``block_size`` or ``stride`` is not a positive integer, ``stride``
             does not divide ``block_size``, or ``scale`` is not a positive finite number.
     """
+    scale = resolve_score_arguments(query, key, block_size, stride, scale)
+    return _antidiagonal_block_scores(query, key, block_size, stride, scale, None)
+
+
+def resolve_score_arguments(
+    query: torch.Tensor, key: torch.Tensor, block_size: int, stride: int, scale: float | None
+) -> float:
+    """Checks the arguments of `antidiagonal_block_scores` (and of any faster scorer) and returns the scale.
+
+    Raises:
+        InputError, ConfigError: as `antidiagonal_block_scores`.
+    """
     _check_qk(query, key)
     _check_blocking(block_size, stride)
-    scale = _resolve_scale(scale, query.shape[-1])
-    return _antidiagonal_block_scores(query, key, block_size, stride, scale, None)
+    return _resolve_scale(scale, query.shape[-1])
 
 
 def select_blocks_by_mass(scores: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -138,10 +159,11 @@ def xattention_block_mask(
     stride: int,
     threshold: float,
     scale: float | None = None,
+    scorer: BlockScorer | None = None,
 ) -> torch.Tensor:
     """Selects, per query head and query block, the key blocks XAttention keeps.
 
-    ``select_blocks_by_mass(antidiagonal_block_scores(...), threshold)``; see both.
+    ``select_blocks_by_mass(scorer(...), threshold)``, ``scorer`` defaulting to `antidiagonal_block_scores`; see both.
 
     Args:
         query: Query states of one sequence, shape ``[Hq, L, D]``, floating.
@@ -150,6 +172,7 @@ def xattention_block_mask(
         stride: Antidiagonal stride in tokens; must divide ``block_size``.
         threshold: Fraction of each row's estimated mass to keep, in ``(0, 1]``.
         scale: Attention scale; defaults to ``1 / sqrt(D)``.
+        scorer: computes the block scores (same arguments and result as `antidiagonal_block_scores`).
 
     Returns:
         Keep mask, shape ``[Hq, Qb, Kb]`` with ``Qb = Kb = ceil(L / block_size)``, bool,
@@ -160,7 +183,7 @@ def xattention_block_mask(
         ConfigError: If ``block_size``, ``stride``, ``scale`` or ``threshold`` is invalid.
     """
     _check_threshold(threshold)
-    scores = antidiagonal_block_scores(query, key, block_size=block_size, stride=stride, scale=scale)
+    scores = (scorer or antidiagonal_block_scores)(query, key, block_size=block_size, stride=stride, scale=scale)
     return select_blocks_by_mass(scores, threshold)
 
 
