@@ -6,10 +6,11 @@
 #   3. OUT=$OUT bash scripts/device_session9.sh prefill256   (the same model at 256K tokens, same machine)
 #   4. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session9.sh temperature   (issue 4 item 7: the
 #      eighth session's finding2 training with the paper's exponential temperature decay, with the fixed trainer)
-#   5. OUT=$OUT bash scripts/device_session9.sh xa   (issue 5: the one-pass Triton XA estimate: its GPU tests, then its
-#      timing against the torch estimate at 32K and 128K)
+#   5. OUT=$OUT bash scripts/device_session9.sh xa   (issue 5, the XA estimate: its GPU tests, then its timing at 32K
+#      and 128K. Run twice at commit 85a864e, where it timed a one-pass Triton estimate and a sweep of its launch
+#      settings (removed after: not faster); then on the torch estimate with bf16 products into float32 results)
 #   6. carry .fa4a: bash .fa4a/stage.sh; then carry .fa4b: OUT=$OUT bash scripts/device_session9.sh xa_prefill
-#      (end-to-end prefill with XA heads, the estimate now the Triton one: XA-SSA and FA-SSA against dense FA4)
+#      (end-to-end prefill with XA heads: XA-SSA and FA-SSA against dense FA4 at 32K and 128K)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 start=$(date +%s)
@@ -46,7 +47,7 @@ case ${1:-prefill} in
     timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_backends.py -k "xa" \
       > "$OUT/gpu_tests.log" 2>&1
     echo "gpu tests rc $? at $(( $(date +%s) - start )) s"
-    timeout 300 python3 scripts/xa_estimate_timing.py --lengths 32768,131072 --sweep --out "$OUT/xa_estimate.json" \
+    timeout 300 python3 scripts/xa_estimate_timing.py --lengths 32768,131072 --out "$OUT/xa_estimate.json" \
       > "$OUT/xa_estimate.log" 2>&1
     echo "timing rc $?" ;;
   xa_prefill)

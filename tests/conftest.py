@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
@@ -198,33 +197,3 @@ def random_suite_backbone(tmp_path_factory):
     Qwen3ForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-def oracle_block_scores(query, key, block_size, stride, scale=None):
-    """XA block scores (`patterns.xattention`), float64, one tile at a time: antidiagonal sums, causal softmax per strided row, block sums."""
-    num_q_heads, length, head_dim = query.shape
-    group = num_q_heads // key.shape[0]
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    num_rows = -(-length // stride)
-    num_blocks = -(-length // block_size)
-    out = torch.zeros(num_q_heads, num_blocks, num_blocks, dtype=torch.float64)
-    for h in range(num_q_heads):
-        # Token-level dot products; indices past L are the zero padding.
-        dots = (query[h].double() @ key[h // group].double().T).tolist()
-
-        def dot(a, b):
-            return dots[a][b] if a < length and b < length else 0.0
-
-        for j in range(num_rows):
-            logits = []
-            for m in range(j + 1):
-                tile = 0.0
-                for i in range(stride):
-                    tile += dot(j * stride + stride - 1 - i, m * stride + i)
-                logits.append(tile * scale / stride)
-            peak = max(logits)
-            weights = [math.exp(x - peak) for x in logits]
-            norm = sum(weights)
-            for m, w in enumerate(weights):
-                out[h, (j * stride) // block_size, (m * stride) // block_size] += w / norm
-    return out

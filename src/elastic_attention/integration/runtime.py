@@ -293,24 +293,10 @@ class ElasticRuntime:
         weight = self._per_row_weight(z, query)
         return weight * out_retrieval + (1.0 - weight) * out_sparse
 
-    def _xa_block_scorer(self, query: torch.Tensor):
-        """The Triton XA estimate where it runs (a CUDA GPU with Triton), else None (the torch rule)."""
-        if "xa" not in (self.config.retrieval_mode, self.config.sparse_mode) or query.device.type != "cuda":
-            return None
-        from elastic_attention.backends.triton_xattention import (
-            antidiagonal_block_scores_triton,
-            triton_xattention_available,
-        )
-
-        usable = triton_xattention_available(query.device, query.dtype, block_size=self.config.block_size,
-                                             stride=self.config.xa_stride, head_dim=query.shape[-1])
-        return antidiagonal_block_scores_triton if usable else None
-
     def _tables(self, modes: torch.Tensor, query: torch.Tensor, key: torch.Tensor, scale: float):
         """(block tables, attended pairs per head) of one layer; the forward's patterns are built once."""
         if self._builder is None or self._builder.layout is not self.layout:
-            self._builder = BlockTableBuilder(self.layout, self.config, query.device,
-                                              block_scorer=self._xa_block_scorer(query))
+            self._builder = BlockTableBuilder(self.layout, self.config, query.device)
         return self._builder.build(modes, query.shape[1], query=query, key=key, scale=scale)
 
     def _attend(self, query, key, value, modes, scale, layer_index: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import InputError
 from elastic_attention.patterns.layout import SequenceLayout
-from elastic_attention.patterns.xattention import BlockScorer, xattention_block_mask
+from elastic_attention.patterns.xattention import xattention_block_mask
 
 #: Integer codes of attention modes in head-mode tensors.
 FULL, SSA, XA = 0, 1, 2
@@ -146,17 +146,10 @@ class BlockTableBuilder:
         layout: the sequences of this forward.
         config: block size, SSA sizes, XA stride and threshold.
         device: where the tables live.
-        block_scorer: scores the blocks of XA heads (`patterns.xattention.BlockScorer`); None: the torch rule.
     """
 
-    def __init__(
-        self,
-        layout: SequenceLayout,
-        config: ElasticConfig,
-        device: torch.device | str,
-        block_scorer: BlockScorer | None = None,
-    ) -> None:
-        self.layout, self.config, self.block_scorer = layout, config, block_scorer
+    def __init__(self, layout: SequenceLayout, config: ElasticConfig, device: torch.device | str) -> None:
+        self.layout, self.config = layout, config
         # Routing puts heads only on its configuration's two modes, so without XA there is no per-layer
         # device-to-host check for XA heads.
         self.config_has_xa = "xa" in (config.retrieval_mode, config.sparse_mode)
@@ -238,7 +231,6 @@ class BlockTableBuilder:
                     stride=config.xa_stride,
                     threshold=config.xa_threshold,
                     scale=scale,
-                    scorer=self.block_scorer,
                 ).to(base.device)
                 patterns.extend(selected.unbind(0))
                 head_pattern[xa_heads] = torch.arange(2, 2 + xa_heads.numel(), device=base.device)

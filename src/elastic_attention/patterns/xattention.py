@@ -15,15 +15,15 @@ Rule, for block size ``B``, stride ``s`` (``s`` divides ``B``) and ``L`` tokens:
   score (ties: lower ``kb`` first) while the kept mass is below ``threshold * row_total``.
 
 Nothing of size ``L x L`` is built: the ``(L/s) x (L/s)`` strided scores are computed a few query
-blocks at a time, for all heads at once. Half-precision states are scored with TF32 matrix products on a GPU:
-bfloat16 and float16 values are exact in TF32, so the products are float32's, at tensor-core speed (float32 states
-keep float32 products).
+blocks at a time, for all heads at once. Half-precision states on a GPU are multiplied in their own dtype with
+float32 accumulation and float32 results (``torch.bmm(..., out_dtype=torch.float32)``; where torch lacks it, TF32
+products of float32 copies, exact for bfloat16 and float16 values): the products are float32's either way, at
+tensor-core speed. Float32 states keep float32 products.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -31,16 +31,7 @@ import torch.nn.functional as F
 
 from elastic_attention.errors import ConfigError, InputError
 
-__all__ = [
-    "BlockScorer",
-    "antidiagonal_block_scores",
-    "resolve_score_arguments",
-    "select_blocks_by_mass",
-    "xattention_block_mask",
-]
-
-#: A function with `antidiagonal_block_scores`'s arguments and result (a faster kernel of the same rule).
-BlockScorer = Callable[..., torch.Tensor]
+__all__ = ["antidiagonal_block_scores", "select_blocks_by_mass", "xattention_block_mask"]
 
 # Upper bound on the strided scores held at once (per chunk, all heads), in float32 elements.
 _MAX_CHUNK_FLOATS = 1 << 26
@@ -78,21 +69,10 @@ def antidiagonal_block_scores(
         ConfigError: If ``block_size`` or ``stride`` is not a positive integer, ``stride``
             does not divide ``block_size``, or ``scale`` is not a positive finite number.
     """
-    scale = resolve_score_arguments(query, key, block_size, stride, scale)
-    return _antidiagonal_block_scores(query, key, block_size, stride, scale, None)
-
-
-def resolve_score_arguments(
-    query: torch.Tensor, key: torch.Tensor, block_size: int, stride: int, scale: float | None
-) -> float:
-    """Checks the arguments of `antidiagonal_block_scores` (and of any faster scorer) and returns the scale.
-
-    Raises:
-        InputError, ConfigError: as `antidiagonal_block_scores`.
-    """
     _check_qk(query, key)
     _check_blocking(block_size, stride)
-    return _resolve_scale(scale, query.shape[-1])
+    scale = _resolve_scale(scale, query.shape[-1])
+    return _antidiagonal_block_scores(query, key, block_size, stride, scale, None)
 
 
 def select_blocks_by_mass(scores: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -159,11 +139,10 @@ def xattention_block_mask(
     stride: int,
     threshold: float,
     scale: float | None = None,
-    scorer: BlockScorer | None = None,
 ) -> torch.Tensor:
     """Selects, per query head and query block, the key blocks XAttention keeps.
 
-    ``select_blocks_by_mass(scorer(...), threshold)``, ``scorer`` defaulting to `antidiagonal_block_scores`; see both.
+    ``select_blocks_by_mass(antidiagonal_block_scores(...), threshold)``; see both.
 
     Args:
         query: Query states of one sequence, shape ``[Hq, L, D]``, floating.
@@ -172,7 +151,6 @@ def xattention_block_mask(
         stride: Antidiagonal stride in tokens; must divide ``block_size``.
         threshold: Fraction of each row's estimated mass to keep, in ``(0, 1]``.
         scale: Attention scale; defaults to ``1 / sqrt(D)``.
-        scorer: computes the block scores (same arguments and result as `antidiagonal_block_scores`).
 
     Returns:
         Keep mask, shape ``[Hq, Qb, Kb]`` with ``Qb = Kb = ceil(L / block_size)``, bool,
@@ -183,7 +161,7 @@ def xattention_block_mask(
         ConfigError: If ``block_size``, ``stride``, ``scale`` or ``threshold`` is invalid.
     """
     _check_threshold(threshold)
-    scores = (scorer or antidiagonal_block_scores)(query, key, block_size=block_size, stride=stride, scale=scale)
+    scores = antidiagonal_block_scores(query, key, block_size=block_size, stride=stride, scale=scale)
     return select_blocks_by_mass(scores, threshold)
 
 
@@ -206,20 +184,20 @@ def _antidiagonal_block_scores(
     if query_blocks_per_chunk is None:
         query_blocks_per_chunk = _default_query_blocks_per_chunk(num_q_heads, num_rows, tiles_per_block)
 
-    key_strided = F.pad(key.float(), (0, 0, 0, padded_length - length))
+    product_dtype = query.dtype if _half_on_gpu(query, key) else torch.float32
+    key_strided = F.pad(key.to(product_dtype), (0, 0, 0, padded_length - length))
     key_strided = key_strided.reshape(num_kv_heads, num_rows, stride * head_dim)
     out = torch.zeros(num_q_heads, num_blocks, num_blocks, dtype=torch.float32, device=query.device)
     for qb0 in range(0, num_blocks, query_blocks_per_chunk):
         qb1 = min(qb0 + query_blocks_per_chunk, num_blocks)
         r0, r1 = qb0 * tiles_per_block, min(qb1 * tiles_per_block, num_rows)
-        q_chunk = query[:, r0 * stride : min(r1 * stride, length)].float()
+        q_chunk = query[:, r0 * stride : min(r1 * stride, length)].to(product_dtype)
         q_chunk = F.pad(q_chunk, (0, 0, 0, (r1 - r0) * stride - q_chunk.shape[1]))
         # Reverse the rows inside each stride group: tile sums become antidiagonal sums.
         q_strided = q_chunk.view(num_q_heads, r1 - r0, stride, head_dim).flip(2)
         q_strided = q_strided.reshape(num_kv_heads, group * (r1 - r0), stride * head_dim)
         # Causality: rows below r1 only see the first r1 strided keys.
-        with _tf32_products(exact=query.dtype in (torch.bfloat16, torch.float16)):
-            logits = torch.bmm(q_strided, key_strided[:, :r1].transpose(1, 2))
+        logits = _float32_products(q_strided, key_strided[:, :r1].transpose(1, 2))
         logits = logits.view(num_q_heads, r1 - r0, r1)
         logits.mul_(scale / stride)
         rows = torch.arange(r0, r1, device=query.device).view(-1, 1)
@@ -231,6 +209,30 @@ def _antidiagonal_block_scores(
         probs = probs.view(num_q_heads, qb1 - qb0, tiles_per_block, qb1, tiles_per_block)
         out[:, qb0:qb1, :qb1] = probs.sum(dim=(2, 4))
     return out
+
+
+def _half_on_gpu(query: torch.Tensor, key: torch.Tensor) -> bool:
+    return query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and key.dtype == query.dtype
+
+
+_HALF_PRODUCTS_WITH_FLOAT32_OUTPUT: bool | None = None  # whether this torch has bmm(..., out_dtype=float32)
+
+
+def _float32_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.bmm(a, b)`` as float32 with float32 accumulation: half-precision inputs (on a GPU) multiplied in their
+    dtype into float32 results, or as TF32 products of float32 copies where torch cannot; float32 inputs in float32."""
+    global _HALF_PRODUCTS_WITH_FLOAT32_OUTPUT
+    if a.dtype == torch.float32:
+        return torch.bmm(a, b)
+    if _HALF_PRODUCTS_WITH_FLOAT32_OUTPUT is not False:
+        try:
+            result = torch.bmm(a, b, out_dtype=torch.float32)
+            _HALF_PRODUCTS_WITH_FLOAT32_OUTPUT = True
+            return result
+        except (TypeError, RuntimeError, NotImplementedError):
+            _HALF_PRODUCTS_WITH_FLOAT32_OUTPUT = False
+    with _tf32_products(exact=True):
+        return torch.bmm(a.float(), b.float())
 
 
 @contextmanager
