@@ -11,6 +11,9 @@
 #      settings (removed after: not faster); then on the torch estimate with bf16 products into float32 results)
 #   6. carry .fa4a: bash .fa4a/stage.sh; then carry .fa4b: OUT=$OUT bash scripts/device_session9.sh xa_prefill
 #      (end-to-end prefill with XA heads: XA-SSA and FA-SSA against dense FA4 at 32K and 128K)
+#   7. OUT=$OUT bash scripts/device_session9.sh decode   (issue 6: the decode step in one launch per layer (the merge of
+#      the key splits done by the last split to finish, the new entries written by the same launch): the GPU cache
+#      tests, then bench decode at 128K, batch 1 and 8, fused bounded cache against the dense model)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 start=$(date +%s)
@@ -55,7 +58,13 @@ case ${1:-prefill} in
     timeout 400 $cli bench prefill --lengths 32k,128k --modes fa4_dense --configurations xa-ssa,fa-ssa --repeats 2 \
       --out "$OUT/prefill_xa.json" > "$OUT/prefill_xa.log" 2>&1
     echo "prefill rc $?" ;;
-  *) echo "unknown mode $1 (prefill, prefill256, temperature, xa or xa_prefill)" >&2; exit 2 ;;
+  decode)
+    timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_cache.py > "$OUT/gpu_cache_tests.log" 2>&1
+    echo "tests rc $? at $(( $(date +%s) - start )) s"
+    timeout 200 $cli bench decode --lengths 128k --batch 1,8 --caches bounded,dense --backend flex --steps 20 \
+      --out "$OUT/decode_8b.json" > "$OUT/decode_8b.log" 2>&1
+    echo "bench rc $?" ;;
+  *) echo "unknown mode $1 (prefill, prefill256, temperature, xa, xa_prefill or decode)" >&2; exit 2 ;;
 esac
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"

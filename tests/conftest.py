@@ -109,14 +109,14 @@ def per_sample_routers(model):
 
 
 def fused_decode_case(device: str, dtype: torch.dtype, group: int, head_dim: int, lengths: list[int]):
-    """One fused decode step (`write_step_entries` + `decode_attention`) over (sequence, KV head) segments of the given
-    lengths, half of them full stores and half rings (sink 5, local 100: empty, filling, at and past the wrap point),
-    against float64 attention over each segment's visible positions of the same ``dtype``-rounded values.
+    """One fused decode step (`decode_step`) over (sequence, KV head) segments of the given lengths, half of them full
+    stores and half rings (sink 5, local 100: empty, filling, at and past the wrap point), against float64 attention
+    over each segment's visible positions of the same ``dtype``-rounded values.
 
     Returns:
         (actual, expected): [len(lengths), 3 * group, 1, head_dim] float64 on the CPU.
     """
-    from elastic_attention.backends.triton_decode import DecodeSegments, decode_attention, write_step_entries
+    from elastic_attention.backends.triton_decode import DecodeSegments, decode_step
 
     torch.manual_seed(group * head_dim)
     sink, local, num_kv = 5, 100, 3
@@ -145,10 +145,10 @@ def fused_decode_case(device: str, dtype: torch.dtype, group: int, head_dim: int
     assert segments.aligned
     new_entries = torch.randn(2, len(lengths), num_kv, 1, head_dim, dtype=torch.float64)
     query = torch.randn(len(lengths), num_kv * group, 1, head_dim, dtype=torch.float64)
-    write_step_entries(*new_entries.to(device, dtype), segments, sink_tokens=sink, local_tokens=local)
-    actual = decode_attention(query.to(device, dtype), segments, 0.1, ring_size=ring_size,
-                              max_entries=max(lengths) + 1)
+    actual = decode_step(query.to(device, dtype), *new_entries.to(device, dtype), segments, 0.1, sink_tokens=sink,
+                         local_tokens=local, max_entries=max(lengths) + 1)
     assert segments.lengths.tolist() == [length + 1 for length in lengths for _ in range(num_kv)]
+    assert not segments.arrivals.any()  # every segment's last split reset its count for the next step
     expected = torch.empty_like(query)
     for (n, h), past in history.items():
         length = lengths[n]

@@ -51,7 +51,7 @@ def test_bounded_decode_on_the_gpu_matches_float64(dtype, tolerance):
 
 @pytest.mark.parametrize("group, head_dim", [(4, 128), (1, 64), (3, 96)])
 def test_fused_decode_kernels_match_float64(group, head_dim):
-    """`write_step_entries` + `decode_attention` in bf16 over segments of odd lengths against float64."""
+    """`decode_step` in bf16 over segments of odd lengths against float64."""
     actual, expected = fused_decode_case("cuda", torch.bfloat16, group, head_dim, [0, 37, 104, 105, 2175, 70001])
     assert float((actual - expected).abs().max()) < 2e-2
 

@@ -6,10 +6,13 @@ order and reads all of them; a streaming head holds a ring of ``sink + local`` s
 position goes to which slot) and reads the slots filled so far. `DecodeSegments` lists the segments of one layer by
 address, so one launch reaches all of them whatever tensor each lives in.
 
-A step is three launches per layer, whatever the batch size:
-  `write_step_entries`  writes each segment's new key/value (and a ring's slot position), then counts it;
-  `decode_attention`    split-K attention of each segment's query heads over its entries (a grid of segments x key
-                        splits, so a batch-1 step at long lengths still fills the GPU), then the merge of the splits.
+A decode step is one launch per layer, whatever the batch size (`decode_step`): a grid of segments x key splits (so a
+batch-1 step at long lengths still fills the GPU). Each program takes its segment's new key and value from the step's
+states (the first split also writes them to the cache: a full store at its end, a ring at its slot, with the slot's
+position), runs split-K attention of the segment's query heads over its share of the entries (all of a full store,
+the filled slots of a ring, the new entry among them), and leaves its partial result; the last split of a segment to
+finish (an atomic count of arrivals) merges the splits, writes the output and counts the entry in the segment's
+length. `write_step_entries` writes without attending (a step whose attention took another path).
 
 Segments are ordered (sequence, KV head), so segment ``s`` reads the queries of batch row ``s // Hkv`` and query heads
 ``(s % Hkv) * g .. + g - 1`` (g query heads per KV head).
@@ -58,6 +61,7 @@ class DecodeSegments:
         num_kv_heads: Hkv, so segment s is (sequence s // Hkv, KV head s % Hkv).
         aligned: every key and value address is a multiple of 16 bytes (lets the kernels load 16 bytes at a time; the
             addresses come from memory, so the compiler cannot see it).
+        arrivals: int32 [N], zero between steps: how many key splits of each segment have finished the step.
     """
 
     key_addresses: torch.Tensor
@@ -66,6 +70,11 @@ class DecodeSegments:
     lengths: torch.Tensor
     num_kv_heads: int
     aligned: bool = False
+    arrivals: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.arrivals is None:  # the splits of a segment that finished this step; back to 0 after each step
+            self.arrivals = torch.zeros_like(self.lengths, dtype=torch.int32)
 
     @classmethod
     def from_columns(cls, key_addresses: list[int], value_addresses: list[int], position_addresses: list[int],
@@ -100,21 +109,25 @@ def write_step_entries(new_keys: torch.Tensor, new_values: torch.Tensor, segment
     )
 
 
-def decode_attention(query: torch.Tensor, segments: DecodeSegments, scale: float, *, ring_size: int,
-                     max_entries: int) -> torch.Tensor:
-    """One query per head over each segment's entries: all of a full-store segment, the filled slots of a ring.
+def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor, segments: DecodeSegments,
+                scale: float, *, sink_tokens: int, local_tokens: int, max_entries: int) -> torch.Tensor:
+    """One decode step of a layer in one launch: write each segment's new entry (as `write_step_entries`), attend the
+    step's query to every entry the segment keeps (all of a full store, the filled slots of a ring, the new entry
+    among them), and count the entry (``segments.lengths += 1``).
 
     Args:
         query: [B, Hq, 1, D], the last axis contiguous; Hq = g * Hkv.
-        segments: the layer's segments, ``lengths`` already counting this step's entry.
-        ring_size: sink + local, the slots of a ring (a ring segment reads min(length, ring_size) of them).
-        max_entries: an upper bound on any segment's entries this step (sets the key splits).
+        new_keys, new_values: [B, Hkv, 1, D], the step's entries; B * Hkv = number of segments.
+        segments: the layer's segments, ``lengths`` as before the step.
+        sink_tokens, local_tokens: a ring's sizes (it keeps positions [0, sink) and the last ``local``).
+        max_entries: an upper bound on any segment's entries after the step (sets the key splits).
 
     Returns:
         [B, Hq, 1, D] in the query's dtype; softmax in float32.
     """
     batch, num_query_heads, _, head_dim = query.shape
     num_kv = segments.num_kv_heads
+    _check_states(new_keys, new_values, segments, batch * num_kv)
     if num_query_heads % num_kv or batch * num_kv != segments.num_segments or query.stride(3) != 1:
         raise InputError(
             f"query {tuple(query.shape)} does not match {segments.num_segments} segments of {num_kv} KV heads "
@@ -123,21 +136,19 @@ def decode_attention(query: torch.Tensor, segments: DecodeSegments, scale: float
     group = num_query_heads // num_kv
     num_segments = segments.num_segments
     splits, keys_per_split = _key_splits(max_entries, num_segments, query.device)
-    block_group, block_d = _pow2(group, 16), _pow2(head_dim, 16)
+    block_group = _pow2(group, 16)
     partial = torch.empty(num_segments, splits, group, head_dim, device=query.device, dtype=torch.float32)
     maxima = torch.empty(num_segments, splits, group, device=query.device, dtype=torch.float32)
     sums = torch.empty_like(maxima)
-    _attend_kernel[(num_segments, splits)](
-        query, query.stride(0), query.stride(1), num_kv, segments.key_addresses, segments.value_addresses,
-        segments.position_addresses, segments.lengths, ring_size, keys_per_split, partial, maxima, sums, scale,
-        splits, GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=_BLOCK_KEYS,
+    output = torch.empty_like(query)
+    _step_kernel[(num_segments, splits)](
+        query, query.stride(0), query.stride(1), new_keys, new_values, new_keys.stride(0), new_keys.stride(1),
+        new_values.stride(0), new_values.stride(1), num_kv, segments.key_addresses, segments.value_addresses,
+        segments.position_addresses, segments.lengths, segments.arrivals, sink_tokens, local_tokens, keys_per_split,
+        partial, maxima, sums, output, output.stride(0), output.stride(1), scale, splits,
+        GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim, 16), BLOCK_N=_BLOCK_KEYS,
         ALIGNED=segments.aligned and head_dim % 8 == 0,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-    )
-    output = torch.empty_like(query)
-    _merge_kernel[(num_segments,)](
-        partial, maxima, sums, output, output.stride(0), output.stride(1), num_kv, splits,
-        GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=block_d,
     )
     return output
 
@@ -173,72 +184,92 @@ def _key_splits(max_entries: int, num_segments: int, device: torch.device) -> tu
 if triton is not None:
 
     @triton.jit
+    def _segment_storage(segment, key_addresses, value_addresses, dtype, ALIGNED: tl.constexpr):
+        """(keys, values) pointers of a segment's storage (rows of head_dim)."""
+        keys = tl.load(key_addresses + segment).to(tl.pointer_type(dtype))
+        values = tl.load(value_addresses + segment).to(tl.pointer_type(dtype))
+        if ALIGNED:
+            keys, values = tl.multiple_of(keys, 16), tl.multiple_of(values, 16)
+        return keys, values
+
+    @triton.jit
+    def _store_entry(keys, values, position_address, length, sink, local, key, value, d, in_dim,
+                     HEAD_DIM: tl.constexpr):
+        """Store the entry of position ``length``: a full store's slot ``length``, or a ring's slot (and its position)."""
+        slot = length
+        if position_address != 0:
+            slot = tl.where(length < sink, length, sink + (length - sink) % local)
+            tl.store(position_address.to(tl.pointer_type(tl.int64)) + slot, length.to(tl.int64))
+        row = slot.to(tl.int64) * HEAD_DIM
+        tl.store(keys + row + d, key, mask=in_dim)
+        tl.store(values + row + d, value, mask=in_dim)
+
+    @triton.jit
     def _write_kernel(new_keys, new_values, key_stride_b, key_stride_h, value_stride_b, value_stride_h, num_kv,
                       key_addresses, value_addresses, position_addresses, lengths, sink, local,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr):
         segment = tl.program_id(0)
         batch_row, head = segment // num_kv, segment % num_kv
         length = tl.load(lengths + segment)
-        position_address = tl.load(position_addresses + segment)
-        slot = length
-        if position_address != 0:
-            slot = tl.where(length < sink, length, sink + (length - sink) % local)
-            positions = position_address.to(tl.pointer_type(tl.int64))
-            tl.store(positions + slot, length.to(tl.int64))
         d = tl.arange(0, BLOCK_D)
         in_dim = d < HEAD_DIM
-        keys = tl.load(key_addresses + segment).to(tl.pointer_type(new_keys.dtype.element_ty))
-        values = tl.load(value_addresses + segment).to(tl.pointer_type(new_values.dtype.element_ty))
-        if ALIGNED:
-            keys, values = tl.multiple_of(keys, 16), tl.multiple_of(values, 16)
-        row = slot.to(tl.int64) * HEAD_DIM
-        tl.store(keys + row + d, tl.load(new_keys + batch_row * key_stride_b + head * key_stride_h + d, mask=in_dim),
-                 mask=in_dim)
-        tl.store(values + row + d,
-                 tl.load(new_values + batch_row * value_stride_b + head * value_stride_h + d, mask=in_dim),
-                 mask=in_dim)
+        keys, values = _segment_storage(segment, key_addresses, value_addresses, new_keys.dtype.element_ty, ALIGNED)
+        key = tl.load(new_keys + batch_row * key_stride_b + head * key_stride_h + d, mask=in_dim)
+        value = tl.load(new_values + batch_row * value_stride_b + head * value_stride_h + d, mask=in_dim)
+        _store_entry(keys, values, tl.load(position_addresses + segment), length, sink, local, key, value, d, in_dim,
+                     HEAD_DIM)
         tl.store(lengths + segment, length + 1)
 
     @triton.jit
-    def _attend_kernel(query, query_stride_b, query_stride_h, num_kv, key_addresses, value_addresses,
-                       position_addresses, lengths, ring_size, keys_per_split, partial, maxima, sums, scale, splits,
-                       GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, PRECISION: tl.constexpr):
+    def _step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key_stride_b, key_stride_h,
+                     value_stride_b, value_stride_h, num_kv, key_addresses, value_addresses, position_addresses,
+                     lengths, arrivals, sink, local, keys_per_split, partial, maxima, sums, output, output_stride_b,
+                     output_stride_h, scale, splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr,
+                     PRECISION: tl.constexpr):
         segment, split = tl.program_id(0), tl.program_id(1)
         batch_row, head = segment // num_kv, segment % num_kv
-        entries = tl.load(lengths + segment)
-        if tl.load(position_addresses + segment) != 0:
-            entries = tl.minimum(entries, ring_size)
-        start = split * keys_per_split
-        end = tl.minimum(start + keys_per_split, entries)
+        length = tl.load(lengths + segment)  # before the step; only this segment's last split changes it
+        position_address = tl.load(position_addresses + segment)
+        entries = length + 1
+        slot = length
+        if position_address != 0:
+            entries = tl.minimum(entries, sink + local)
+            slot = tl.where(length < sink, length, sink + (length - sink) % local)
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, BLOCK_D)
         in_group, in_dim = g < GROUP, d < HEAD_DIM
+        keys, values = _segment_storage(segment, key_addresses, value_addresses, query.dtype.element_ty, ALIGNED)
+        new_key = tl.load(new_keys + batch_row * key_stride_b + head * key_stride_h + d, mask=in_dim, other=0.0)
+        new_value = tl.load(new_values + batch_row * value_stride_b + head * value_stride_h + d, mask=in_dim,
+                            other=0.0)
+        if split == 0:
+            _store_entry(keys, values, position_address, length, sink, local, new_key, new_value, d, in_dim, HEAD_DIM)
         query_rows = query + batch_row * query_stride_b + (head * GROUP + g[:, None]) * query_stride_h + d[None, :]
         queries = tl.load(query_rows, mask=in_group[:, None] & in_dim[None, :], other=0.0)
-        keys = tl.load(key_addresses + segment).to(tl.pointer_type(query.dtype.element_ty))
-        values = tl.load(value_addresses + segment).to(tl.pointer_type(query.dtype.element_ty))
-        if ALIGNED:
-            keys, values = tl.multiple_of(keys, 16), tl.multiple_of(values, 16)
+        start = split * keys_per_split
+        end = tl.minimum(start + keys_per_split, entries)
         running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
         running_sum = tl.zeros([BLOCK_G], tl.float32)
         accumulator = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
         for block_start in range(start, end, BLOCK_N):
             n = block_start + tl.arange(0, BLOCK_N)
             in_range = n < end
+            # The new entry's slot is being written by split 0: every split takes it from the step's states.
+            is_new = (n == slot)[:, None]
             offsets = n.to(tl.int64)[:, None] * HEAD_DIM + d[None, :]
             if BLOCK_D == HEAD_DIM:  # a mask constant along rows keeps the loads wide
                 load_mask = in_range[:, None]
             else:
                 load_mask = in_range[:, None] & in_dim[None, :]
-            block_keys = tl.load(keys + offsets, mask=load_mask, other=0.0)
+            block_keys = tl.where(is_new, new_key[None, :], tl.load(keys + offsets, mask=load_mask, other=0.0))
             scores = tl.dot(queries, tl.trans(block_keys), input_precision=PRECISION) * scale
             scores = tl.where(in_range[None, :], scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, 1))
             rescale = tl.exp(running_max - new_max)
             weights = tl.exp(scores - new_max[:, None])
             running_sum = running_sum * rescale + tl.sum(weights, 1)
-            block_values = tl.load(values + offsets, mask=load_mask, other=0.0)
+            block_values = tl.where(is_new, new_value[None, :], tl.load(values + offsets, mask=load_mask, other=0.0))
             accumulator = accumulator * rescale[:, None] + tl.dot(weights.to(block_values.dtype), block_values,
                                                                   input_precision=PRECISION)
             running_max = new_max
@@ -247,17 +278,23 @@ if triton is not None:
         tl.store(sums + stats, running_sum, mask=in_group)
         tl.store(partial + stats[:, None] * HEAD_DIM + d[None, :], accumulator,
                  mask=in_group[:, None] & in_dim[None, :])
+        tl.debug_barrier()  # every thread's partial results are stored before the arrival is counted
+        if tl.atomic_add(arrivals + segment, 1, sem="acq_rel") == splits - 1:  # the last split merges
+            tl.debug_barrier()
+            _merge_splits(partial, maxima, sums, output, output_stride_b, output_stride_h, segment, batch_row, head,
+                          splits, GROUP, BLOCK_G, HEAD_DIM, BLOCK_D)
+            tl.store(lengths + segment, length + 1)
+            tl.atomic_xchg(arrivals + segment, 0)
 
     @triton.jit
-    def _merge_kernel(partial, maxima, sums, output, output_stride_b, output_stride_h, num_kv, splits,
-                      GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-        segment = tl.program_id(0)
-        batch_row, head = segment // num_kv, segment % num_kv
+    def _merge_splits(partial, maxima, sums, output, output_stride_b, output_stride_h, segment, batch_row, head,
+                      splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BLOCK_D: tl.constexpr):
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, BLOCK_D)
         in_group, in_dim = g < GROUP, d < HEAD_DIM
         tile_mask = in_group[:, None] & in_dim[None, :]
-        stats = segment * splits * GROUP + g  # split 0 always holds the step's own entry, so its maximum is finite
+        stats = segment * splits * GROUP + g  # split 0 always holds an entry (the first), so its maximum is finite
         total_max = tl.load(maxima + stats, mask=in_group, other=0.0)
         total_sum = tl.load(sums + stats, mask=in_group, other=1.0)
         total = tl.load(partial + stats[:, None] * HEAD_DIM + d[None, :], mask=tile_mask, other=0.0)

@@ -30,7 +30,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from elastic_attention.backends.triton_decode import (
     DecodeSegments,
-    decode_attention,
+    decode_step,
     triton_decode_available,
     write_step_entries,
 )
@@ -321,13 +321,13 @@ class ElasticCacheLayer(CacheLayerMixin):
         self._pending = None
 
     def _attend_fused(self, query: torch.Tensor, scale: float) -> torch.Tensor:
-        """The fused decode step: write every sequence's new entries, then attend them, two launches (+ a merge)."""
-        self._write_pending()
+        """The fused decode step: write every sequence's new entries and attend them, one launch."""
+        (keys, values), self._pending = self._pending, None
         self.fused_steps += 1
         config = self.cache.runtime.config
-        max_entries = max(store.length for store in self.sequences)
-        return decode_attention(query, self._segments, scale, ring_size=config.sink_tokens + config.local_tokens,
-                                max_entries=max_entries)
+        max_entries = max(store.length for store in self.sequences)  # counting this step's entry
+        return decode_step(query, keys, values, self._segments, scale, sink_tokens=config.sink_tokens,
+                           local_tokens=config.local_tokens, max_entries=max_entries)
 
     def commit(self) -> None:
         """Write the staged entries of the streaming heads into their rings (sink slots and the window)."""
