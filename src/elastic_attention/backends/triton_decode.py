@@ -193,12 +193,19 @@ if triton is not None:
         return keys, values
 
     @triton.jit
-    def _store_entry(keys, values, position_address, length, sink, local, key, value, d, in_dim,
-                     HEAD_DIM: tl.constexpr):
-        """Store the entry of position ``length``: a full store's slot ``length``, or a ring's slot (and its position)."""
+    def _slot_of(length, position_address, sink, local):
+        """The slot of position ``length``: itself in a full store (no position address), else its ring slot."""
         slot = length
         if position_address != 0:
             slot = tl.where(length < sink, length, sink + (length - sink) % local)
+        return slot
+
+    @triton.jit
+    def _store_entry(keys, values, position_address, length, sink, local, key, value, d, in_dim,
+                     HEAD_DIM: tl.constexpr):
+        """Store the entry of position ``length`` at its slot (and, in a ring, the slot's position)."""
+        slot = _slot_of(length, position_address, sink, local)
+        if position_address != 0:
             tl.store(position_address.to(tl.pointer_type(tl.int64)) + slot, length.to(tl.int64))
         row = slot.to(tl.int64) * HEAD_DIM
         tl.store(keys + row + d, key, mask=in_dim)
@@ -232,10 +239,9 @@ if triton is not None:
         length = tl.load(lengths + segment)  # before the step; only this segment's last split changes it
         position_address = tl.load(position_addresses + segment)
         entries = length + 1
-        slot = length
         if position_address != 0:
             entries = tl.minimum(entries, sink + local)
-            slot = tl.where(length < sink, length, sink + (length - sink) % local)
+        slot = _slot_of(length, position_address, sink, local)
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, BLOCK_D)
         in_group, in_dim = g < GROUP, d < HEAD_DIM

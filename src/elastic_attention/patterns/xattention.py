@@ -23,6 +23,7 @@ tensor-core speed. Float32 states keep float32 products.
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 
@@ -215,32 +216,30 @@ def _half_on_gpu(query: torch.Tensor, key: torch.Tensor) -> bool:
     return query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and key.dtype == query.dtype
 
 
-_HALF_PRODUCTS_WITH_FLOAT32_OUTPUT: bool | None = None  # whether this torch has bmm(..., out_dtype=float32)
-
-
 def _float32_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.bmm(a, b)`` as float32 with float32 accumulation: half-precision inputs (on a GPU) multiplied in their
     dtype into float32 results, or as TF32 products of float32 copies where torch cannot; float32 inputs in float32."""
-    global _HALF_PRODUCTS_WITH_FLOAT32_OUTPUT
     if a.dtype == torch.float32:
         return torch.bmm(a, b)
-    if _HALF_PRODUCTS_WITH_FLOAT32_OUTPUT is not False:
-        try:
-            result = torch.bmm(a, b, out_dtype=torch.float32)
-            _HALF_PRODUCTS_WITH_FLOAT32_OUTPUT = True
-            return result
-        except (TypeError, RuntimeError, NotImplementedError):
-            _HALF_PRODUCTS_WITH_FLOAT32_OUTPUT = False
-    with _tf32_products(exact=True):
+    if _has_half_products_into_float32(a.device):
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    with _tf32_products():
         return torch.bmm(a.float(), b.float())
 
 
+@functools.lru_cache(maxsize=None)
+def _has_half_products_into_float32(device: torch.device) -> bool:
+    """Whether this torch has ``torch.bmm(..., out_dtype=torch.float32)`` for bfloat16 inputs on ``device``."""
+    probe = torch.ones(1, 1, 1, dtype=torch.bfloat16, device=device)
+    try:
+        return torch.bmm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+
+
 @contextmanager
-def _tf32_products(exact: bool):
-    """CUDA float32 matrix products in TF32 while ``exact`` (inputs that TF32 represents without rounding)."""
-    if not exact:
-        yield
-        return
+def _tf32_products():
+    """CUDA float32 matrix products in TF32 (for inputs that TF32 represents without rounding: bf16, fp16 values)."""
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
