@@ -14,6 +14,7 @@
 #   7. OUT=$OUT bash scripts/device_session9.sh decode   (issue 6: the decode step in one launch per layer (the merge of
 #      the key splits done by the last split to finish, the new entries written by the same launch): the GPU cache
 #      tests, then bench decode at 128K, batch 1 and 8, fused bounded cache against the dense model)
+#   8. OUT=$OUT bash scripts/device_session9.sh final   (the GPU tests of the cache and the XA estimate on the final code)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 start=$(date +%s)
@@ -64,7 +65,11 @@ case ${1:-prefill} in
     timeout 200 $cli bench decode --lengths 128k --batch 1,8 --caches bounded,dense --backend flex --steps 20 \
       --out "$OUT/decode_8b.json" > "$OUT/decode_8b.log" 2>&1
     echo "bench rc $?" ;;
-  *) echo "unknown mode $1 (prefill, prefill256, temperature, xa, xa_prefill or decode)" >&2; exit 2 ;;
+  final)
+    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_cache.py tests/test_gpu_backends.py \
+      -k "cache or xa" > "$OUT/gpu_tests.log" 2>&1
+    echo "tests rc $?" ;;
+  *) echo "unknown mode $1 (prefill, prefill256, temperature, xa, xa_prefill, decode or final)" >&2; exit 2 ;;
 esac
 echo "done at $(( $(date +%s) - start )) s"
 ls -la "$OUT"
