@@ -7,8 +7,9 @@
 #   4. carry artifacts/backbone-small: OUT=$OUT bash scripts/device_session9.sh temperature   (issue 4 item 7: the
 #      eighth session's finding2 training with the paper's exponential temperature decay, with the fixed trainer)
 #   5. OUT=$OUT bash scripts/device_session9.sh xa   (issue 5, the XA estimate: its GPU tests, then its timing at 32K
-#      and 128K. Run twice at commit 85a864e, where it timed a one-pass Triton estimate and a sweep of its launch
-#      settings (removed after: not faster); then on the torch estimate with bf16 products into float32 results)
+#      and 128K. Run on an uncommitted first form of a one-pass Triton estimate (one head per program), then at commit
+#      85a864e (its final form and a sweep of its launch settings; removed after: not faster), then on the torch
+#      estimate with bf16 products into float32 results)
 #   6. carry .fa4a: bash .fa4a/stage.sh; then carry .fa4b: OUT=$OUT bash scripts/device_session9.sh xa_prefill
 #      (end-to-end prefill with XA heads: XA-SSA and FA-SSA against dense FA4 at 32K and 128K)
 #   7. OUT=$OUT bash scripts/device_session9.sh decode   (issue 6: the decode step in one launch per layer (the merge of
