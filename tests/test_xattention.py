@@ -15,6 +15,7 @@ from elastic_attention.patterns.xattention import (
     _MAX_CHUNK_FLOATS,
     _antidiagonal_block_scores,
     _default_query_blocks_per_chunk,
+    _float32_products,
     antidiagonal_block_scores,
     select_blocks_by_mass,
     xattention_block_mask,
@@ -304,3 +305,14 @@ def test_bad_inputs_raise(call, error, fragment):
     with pytest.raises(error) as info:
         call()
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_products_come_back_as_float32_products_of_the_same_values(dtype):
+    """Where torch has no half-precision product into float32 (the CPU), the float32 copies are multiplied."""
+    generator = torch.Generator().manual_seed(2)
+    a = torch.randn(3, 17, 40, generator=generator).to(dtype)
+    b = torch.randn(3, 40, 9, generator=generator).to(dtype)
+    got = _float32_products(a, b)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), a.double() @ b.double(), rtol=1e-6, atol=1e-5)

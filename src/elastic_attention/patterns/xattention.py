@@ -221,16 +221,16 @@ def _float32_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     dtype into float32 results, or as TF32 products of float32 copies where torch cannot; float32 inputs in float32."""
     if a.dtype == torch.float32:
         return torch.bmm(a, b)
-    if _has_half_products_into_float32(a.device):
+    if _has_half_products_into_float32(a.device, a.dtype):
         return torch.bmm(a, b, out_dtype=torch.float32)
     with _tf32_products():
         return torch.bmm(a.float(), b.float())
 
 
 @functools.lru_cache(maxsize=None)
-def _has_half_products_into_float32(device: torch.device) -> bool:
-    """Whether this torch has ``torch.bmm(..., out_dtype=torch.float32)`` for bfloat16 inputs on ``device``."""
-    probe = torch.ones(1, 1, 1, dtype=torch.bfloat16, device=device)
+def _has_half_products_into_float32(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch has ``torch.bmm(..., out_dtype=torch.float32)`` for ``dtype`` inputs on ``device``."""
+    probe = torch.ones(1, 1, 1, dtype=dtype, device=device)
     try:
         return torch.bmm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
     except (TypeError, RuntimeError, NotImplementedError):
