@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -70,11 +70,10 @@ class DecodeSegments:
     lengths: torch.Tensor
     num_kv_heads: int
     aligned: bool = False
-    arrivals: torch.Tensor | None = None
+    arrivals: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.arrivals is None:  # the splits of a segment that finished this step; back to 0 after each step
-            self.arrivals = torch.zeros_like(self.lengths, dtype=torch.int32)
+        self.arrivals = torch.zeros_like(self.lengths, dtype=torch.int32)
 
     @classmethod
     def from_columns(cls, key_addresses: list[int], value_addresses: list[int], position_addresses: list[int],
