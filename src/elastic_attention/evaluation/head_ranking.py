@@ -1,8 +1,10 @@
 """Retrieval-score head ranking (paper Appendix C) and the static hybrid baseline it defines.
 
 The retrieval score of a (layer, KV head) is the attention mass that the last prompt token puts on the needle
-(evidence) tokens (each needle sentence, marker to period), averaged over the query heads of the KV head's group and over needle samples. Keeping the top
-heads on full attention for a chosen MSR gives the static hybrid of the DuoAttention / PruLong family.
+(evidence) tokens, averaged over the query heads of the KV head's group and over needle samples. Keeping the top
+heads on full attention for a chosen MSR gives the static hybrid of the DuoAttention / PruLong family. Evidence is
+each needle sentence (marker to period) in the synthetic suite, and each row's ``evidence_spans`` (character spans of
+its prompt) in the code suite.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from elastic_attention.errors import InputError
+from elastic_attention.evaluation.suites import suite_of
 from elastic_attention.evaluation.tasks import TaskRow
-from elastic_attention.evaluation.vocabulary import encode_row
 from elastic_attention.integration import is_attached
 from elastic_attention.integration.families import attention_modules, decoder_of, family_of
 
@@ -36,11 +38,15 @@ AttentionInterface.register(PROBE_NAME, _probe_attention)
 
 
 def evidence_positions(tokenizer, row: TaskRow, prompt_ids: list[int]) -> list[int]:
-    """Prompt token positions of the row's evidence (needle) sentences.
+    """Prompt token positions of the row's evidence.
 
-    ``evidence_offsets`` point at the first token of each needle (``remember k v .``); a needle runs to its period.
-    The context starts right after the instruction, wherever the chat template puts the instruction.
+    Code-suite rows carry ``evidence_spans`` (character spans of ``row.prompt``): the positions are the tokens of
+    the rendered prompt that overlap a span. Synthetic rows carry ``evidence_offsets``, which point at the first
+    token of each needle (``remember k v .``); a needle runs to its period, and the context starts right after the
+    instruction, wherever the chat template puts the instruction.
     """
+    if "evidence_spans" in row.metadata:
+        return _span_positions(tokenizer, row, prompt_ids)
     offsets = row.metadata.get("evidence_offsets")
     if not offsets:
         raise InputError(f"row of task {row.task!r} has no evidence_offsets; rank heads on needle tasks")
@@ -59,14 +65,31 @@ def evidence_positions(tokenizer, row: TaskRow, prompt_ids: list[int]) -> list[i
     raise InputError(f"the instruction of a {row.task!r} row is not in its rendered prompt")
 
 
+def _span_positions(tokenizer, row: TaskRow, prompt_ids: list[int]) -> list[int]:
+    spans = row.metadata["evidence_spans"]
+    if not spans:
+        raise InputError(f"row of task {row.task!r} has no evidence spans; rank heads on needle tasks")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": row.prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+    base = text.index(row.prompt)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if encoded["input_ids"] != prompt_ids:
+        raise InputError("the rendered prompt does not encode to the prompt ids; rank heads with the row's tokenizer")
+    return [
+        position
+        for position, (begin, end) in enumerate(encoded["offset_mapping"])
+        if any(begin < base + stop and end > base + start for start, stop in spans)
+    ]
+
+
 @torch.no_grad()
 def retrieval_scores(model: nn.Module, tokenizer, rows: list[TaskRow]) -> torch.Tensor:
     """Mean attention mass from the last prompt token onto the evidence tokens.
 
     Args:
         model: a Hugging Face causal LM without elastic attention attached.
-        tokenizer: the suite tokenizer.
-        rows: needle rows (with ``evidence_offsets`` metadata), run one at a time.
+        tokenizer: the tokenizer the rows are rendered with.
+        rows: needle rows (with ``evidence_offsets`` or ``evidence_spans`` metadata), run one at a time.
 
     Returns:
         [layers, Hkv] float32 retrieval scores.
@@ -81,7 +104,7 @@ def retrieval_scores(model: nn.Module, tokenizer, rows: list[TaskRow]) -> torch.
     total = None
     try:
         for row in rows:
-            prompt_ids, _ = encode_row(tokenizer, row)
+            prompt_ids, _ = suite_of(row.task).encode(tokenizer, row)
             positions = torch.tensor(evidence_positions(tokenizer, row, prompt_ids), device=device)
             model(torch.tensor([prompt_ids], device=device), logits_to_keep=1)
             mass = torch.stack(

@@ -15,10 +15,11 @@ from elastic_attention.adapters import load_router
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation.head_ranking import retrieval_scores, static_routing
-from elastic_attention.evaluation.reporting import format_table, plot_accuracy_vs_msr, write_json
-from elastic_attention.evaluation.runner import CellResult, run_evaluation
-from elastic_attention.evaluation.tasks import ROBUST_TASKS, SENSITIVE_TASKS, TASKS, generate
+from elastic_attention.evaluation.reporting import format_markdown, format_table, plot_accuracy_vs_msr, write_json
+from elastic_attention.evaluation.runner import CellResult, check_modes, is_static, run_evaluation, static_msr_of
+from elastic_attention.evaluation.suites import get_suite, suite_of
 from elastic_attention.integration import attach, runtime_of
+from elastic_attention.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -26,35 +27,45 @@ logger = logging.getLogger(__name__)
 DEFAULT_EVAL_CONFIG = ElasticConfig(block_size=64, sink_tokens=64, local_tokens=256, xa_stride=16)
 
 
-def resolve_tasks(names: Sequence[str]) -> list[str]:
-    """Task names, with the groups ``all``, ``sensitive`` and ``robust`` expanded.
+def resolve_tasks(names: Sequence[str], suite: str = "synthetic") -> list[str]:
+    """Task names of ``suite``, with the groups ``all``, ``sensitive`` and ``robust`` expanded.
 
     Raises:
-        InputError: an unknown task name.
+        InputError: an unknown suite or task name.
     """
-    groups = {"all": SENSITIVE_TASKS + ROBUST_TASKS, "sensitive": SENSITIVE_TASKS, "robust": ROBUST_TASKS}
-    tasks = [task for name in names for task in groups.get(name, (name,))]
-    unknown = sorted(set(tasks) - set(TASKS))
-    if unknown:
-        raise InputError(f"unknown tasks {unknown}; known: {sorted(TASKS)} or all / sensitive / robust")
-    return list(dict.fromkeys(tasks))
+    return get_suite(suite).resolve(names)
 
 
-def load_backbone(model_dir: str | Path, device: str | None = None) -> tuple[nn.Module, object]:
-    """A causal LM and its tokenizer from a local folder, float32 on CPU and bfloat16 on CUDA, eval mode."""
+def load_backbone(
+    model_dir: str | Path, device: str | None = None, dtype: str | None = None
+) -> tuple[nn.Module, object]:
+    """A causal LM and its tokenizer from a local folder, in eval mode.
+
+    Args:
+        model_dir: the model's folder.
+        device: ``cpu`` or ``cuda`` (default: cuda when available).
+        dtype: ``float32`` or ``bfloat16`` (default: bfloat16 on CUDA, float32 on CPU).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    if dtype is None:
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if dtype not in ("float32", "bfloat16"):
+        raise InputError(f"`dtype` must be float32 or bfloat16, got {dtype!r}")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return model, tokenizer
 
 
-def rank_heads(model: nn.Module, tokenizer, length: int, samples: int, seed: int) -> torch.Tensor:
-    """Retrieval scores [layers, Hkv] over needle rows of every sensitive needle task at ``length``."""
-    rows = [row for task in SENSITIVE_TASKS if task.startswith("needle")
-            for row in generate(task, length, seed + 7919, samples)]
+def rank_heads(model: nn.Module, tokenizer, tasks: Sequence[str], length: int, samples: int, seed: int) -> torch.Tensor:
+    """Retrieval scores [layers, Hkv] over the needle rows (the suite's ranking tasks) at ``length``.
+
+    The rows use another seed than the evaluation's, so the static head set is not chosen on the evaluated rows.
+    """
+    suite = suite_of(tasks[0])
+    rows = [row for task in suite.ranking_tasks
+            for row in suite.generate(task, length, seed + 7919, samples, tokenizer)]
     return retrieval_scores(model, tokenizer, rows)
 
 
@@ -76,38 +87,42 @@ def evaluate_model(
     """Evaluate ``modes`` on a plain (not yet attached) model.
 
     With ``router``, the model is attached with the adapter's configuration (``config`` is then unused); without,
-    with ``config`` and untrained routers (fine for the full, static and sparse modes). The static mode keeps the top
-    retrieval-score heads on full attention at ``static_msr``; when that is None and ``elastic`` runs too, the static
-    hybrid takes the elastic run's average MSR (the paper's comparison).
+    with ``config`` and untrained routers (fine for the full, static and sparse modes). A static mode keeps the top
+    retrieval-score heads on full attention: ``static@0.7`` at MSR 0.7, ``static`` at ``static_msr``, or, when that
+    is None and ``elastic`` runs too, at the elastic run's average MSR (the paper's comparison).
 
     Returns:
-        (results, context): the cells and a dict of what was used (static MSR, head set, config).
+        (results, context): the cells and a dict of what was used (static MSRs and head sets, config).
     """
+    modes = check_modes(modes)
     context: dict = {}
     scores = None
-    if "static" in modes:
-        scores = rank_heads(model, tokenizer, lengths[0], max(4, samples // 2), seed)
+    if any(is_static(mode) for mode in modes):
+        scores = rank_heads(model, tokenizer, tasks, lengths[0], max(4, samples // 2), seed)
         context["retrieval_scores"] = scores.tolist()
     if router is not None:
         load_router(model, router)
     else:
         attach(model, config)
     context["elastic_config"] = runtime_of(model).config.to_dict()
-    ordered = [mode for mode in ("full", "elastic", "sparse", "static") if mode in modes]
+    ordered = [mode for mode in ("full", "elastic", "sparse") if mode in modes]
+    ordered += [mode for mode in modes if is_static(mode)]
     results: list[CellResult] = []
     bar = _progress(len(ordered) * len(tasks) * len(lengths), progress)
     for mode in ordered:
         routing = None
-        if mode == "static":
-            if static_msr is None:
+        if is_static(mode):
+            msr = static_msr_of(mode)
+            if msr is None:
+                msr = static_msr
+            if msr is None:
                 elastic = [r.msr for r in results if r.mode == "elastic"]
                 if not elastic:
-                    raise ValueError("the static mode needs --static-msr, or the elastic mode to take its MSR from")
-                static_msr = sum(elastic) / len(elastic)
+                    raise InputError("the static mode needs --static-msr, or the elastic mode to take its MSR from")
+                msr = sum(elastic) / len(elastic)
             routed = runtime_of(model).routed_layers
-            routing = static_routing(scores[list(routed)], static_msr)
-            context["static_msr"] = static_msr
-            context["static_heads"] = routing.tolist()
+            routing = static_routing(scores[list(routed)], msr)
+            context.setdefault("static", {})[mode] = {"msr": msr, "heads": routing.tolist()}
         results += run_evaluation(
             model, tokenizer, modes=[mode], tasks=tasks, lengths=lengths, samples=samples, seed=seed,
             static_routing=routing, batch_size=batch_size, on_cell=lambda cell: _advance(bar, cell),
@@ -130,9 +145,10 @@ def run_eval_command(
     seed: int,
     batch_size: int,
     device: str | None,
+    dtype: str | None = None,
 ) -> str:
     """Everything `elastic-attention eval` does; returns the printed table."""
-    model, tokenizer = load_backbone(model_dir, device)
+    model, tokenizer = load_backbone(model_dir, device, dtype)
     results, context = evaluate_model(
         model, tokenizer, router=router, modes=modes, tasks=tasks, lengths=lengths, samples=samples,
         static_msr=static_msr, seed=seed, batch_size=batch_size,
@@ -149,7 +165,9 @@ def run_eval_command(
         **context,
     )
     plot_accuracy_vs_msr(results, out_dir / "accuracy_vs_msr.png")
-    return format_table(results) + f"\n\nwrote {out_dir / 'eval.json'} and {out_dir / 'accuracy_vs_msr.png'}"
+    atomic_write_text(out_dir / "eval.md", format_markdown(results) + "\n")
+    written = ", ".join(str(out_dir / name) for name in ("eval.json", "eval.md", "accuracy_vs_msr.png"))
+    return format_table(results) + f"\n\nwrote {written}"
 
 
 def _progress(total: int, enabled: bool):

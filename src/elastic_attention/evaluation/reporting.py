@@ -13,15 +13,43 @@ from elastic_attention.io import atomic_write_text
 
 
 def format_table(results: Sequence[CellResult]) -> str:
-    """A fixed-width table: one line per (mode, task, length) with accuracy, MSR and ESR."""
-    header = f"{'mode':<8} {'task':<18} {'length':>7} {'n':>4} {'accuracy':>9} {'MSR':>6} {'ESR last':>9} {'ESR mean':>9}"
+    """A fixed-width table: one line per (mode, task, length) with accuracy, MSR and ESR.
+
+    An ``exact`` column (share of rows answered exactly) follows the accuracy when some cell's accuracy is a graded
+    score (edit similarity), i.e. differs from its exact-match share.
+    """
+    graded = _graded(results)
+    width = max([8] + [len(r.mode) for r in results])
+    exact_header = f" {'exact':>6}" if graded else ""
+    header = (f"{'mode':<{width}} {'task':<18} {'length':>7} {'n':>4} {'accuracy':>9}{exact_header} {'MSR':>6} "
+              f"{'ESR last':>9} {'ESR mean':>9}")
     lines = [header, "-" * len(header)]
     for r in results:
+        exact = f" {r.exact_match:>6.3f}" if graded else ""
         lines.append(
-            f"{r.mode:<8} {r.task:<18} {r.length:>7} {r.samples:>4} {r.accuracy:>9.3f} {r.msr:>6.3f} "
+            f"{r.mode:<{width}} {r.task:<18} {r.length:>7} {r.samples:>4} {r.accuracy:>9.3f}{exact} {r.msr:>6.3f} "
             f"{r.esr_last:>9.3f} {r.esr_mean:>9.3f}"
         )
     return "\n".join(lines)
+
+
+def format_markdown(results: Sequence[CellResult]) -> str:
+    """A markdown table: one row per (task, length), one accuracy column per mode with its MSR in brackets."""
+    modes = list(dict.fromkeys(r.mode for r in results))
+    cells = {(r.task, r.length, r.mode): r for r in results}
+    header = "| task | kind | length | " + " | ".join(f"{mode} acc (MSR)" for mode in modes) + " |"
+    lines = [header, "|" + "---|" * (3 + len(modes))]
+    for task, kind, length in dict.fromkeys((r.task, r.kind, r.length) for r in results):
+        values = []
+        for mode in modes:
+            cell = cells.get((task, length, mode))
+            values.append("-" if cell is None else f"{cell.accuracy:.3f} ({cell.msr:.2f})")
+        lines.append(f"| {task} | {kind} | {length} | " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def _graded(results: Sequence[CellResult]) -> bool:
+    return any(abs(r.accuracy - r.exact_match) > 1e-12 for r in results)
 
 
 def write_json(results: Sequence[CellResult], path: str | Path, **context) -> None:

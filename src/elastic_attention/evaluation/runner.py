@@ -4,8 +4,10 @@ Modes:
 - ``full``: every routed head on retrieval attention (the backbone's own quality);
 - ``elastic``: the trained routers decide per input;
 - ``static``: a fixed head set from the retrieval-score ranking at a chosen MSR (DuoAttention / PruLong family);
+  ``static@0.7`` names a static hybrid at a fixed MSR, so several can run side by side;
 - ``sparse``: every routed head on sparse attention.
-All modes run through the same attached model and backend, so they differ only in routing.
+All modes run through the same attached model and backend, so they differ only in routing. Rows come from the suite
+that holds each task (:mod:`elastic_attention.evaluation.suites`), which also encodes, decodes and scores them.
 """
 
 from __future__ import annotations
@@ -18,11 +20,52 @@ import torch
 from torch import nn
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.tasks import TaskRow, generate, score
-from elastic_attention.evaluation.vocabulary import decode_answer, encode_row
+from elastic_attention.evaluation.suites import suite_of
+from elastic_attention.evaluation.tasks import TaskRow
 from elastic_attention.integration import force_routing, routing_report
 
 MODES = ("full", "elastic", "static", "sparse")
+
+
+def is_static(mode: str) -> bool:
+    """Whether ``mode`` is a static hybrid: ``static`` or ``static@MSR``."""
+    return mode == "static" or mode.startswith("static@")
+
+
+def static_msr_of(mode: str) -> float | None:
+    """The fixed MSR of a ``static@MSR`` mode; None for ``static`` (its MSR is chosen by the caller).
+
+    Raises:
+        InputError: ``static@`` followed by something that is not a number in [0, 1].
+    """
+    if mode == "static":
+        return None
+    text = mode.removeprefix("static@")
+    try:
+        msr = float(text)
+    except ValueError:
+        raise InputError(f"mode {mode!r}: write a static hybrid at a fixed MSR as static@0.7") from None
+    if not 0.0 <= msr <= 1.0:
+        raise InputError(f"mode {mode!r}: the MSR must be in [0, 1]")
+    return msr
+
+
+def check_modes(modes: Iterable[str]) -> list[str]:
+    """The modes, validated.
+
+    Raises:
+        InputError: an unknown mode (the message lists the known ones).
+    """
+    modes = list(modes)
+    unknown = sorted(mode for mode in modes if mode not in MODES and not is_static(mode))
+    if unknown:
+        raise InputError(f"unknown evaluation modes {unknown}; choose from {list(MODES)} or static@MSR (static@0.7)")
+    for mode in modes:
+        if mode.startswith("static@"):
+            static_msr_of(mode)
+    if not modes:
+        raise InputError(f"no evaluation modes given; choose from {list(MODES)}")
+    return modes
 
 
 @dataclass(frozen=True)
@@ -32,9 +75,11 @@ class CellResult:
     Attributes:
         mode: routing mode.
         task: task name.
+        kind: ``"sensitive"`` or ``"robust"``.
         length: prompt length in tokens.
         samples: number of rows.
-        accuracy: exact-match accuracy in [0, 1].
+        accuracy: mean score in [0, 1] (exact match; edit similarity for code completion).
+        exact_match: share of rows answered exactly.
         msr: mean model sparsity ratio over the rows.
         esr_last: mean effective sparsity of the last routed layer.
         esr_mean: mean effective sparsity over the routed layers.
@@ -44,9 +89,11 @@ class CellResult:
 
     mode: str
     task: str
+    kind: str
     length: int
     samples: int
     accuracy: float
+    exact_match: float
     msr: float
     esr_last: float
     esr_mean: float
@@ -58,25 +105,32 @@ class CellResult:
 
 
 @torch.no_grad()
-def evaluate_rows(model: nn.Module, tokenizer, rows: list[TaskRow], batch_size: int = 8) -> dict[str, list[float]]:
+def evaluate_rows(model: nn.Module, tokenizer, rows: list[TaskRow], batch_size: int = 8) -> dict[str, list]:
     """Greedy answers for ``rows`` on an attached model, in left-padded batches.
 
+    Every batch is padded to at least the rows' requested length (``metadata["length"]``), so the batches of one
+    cell share their shape. Each row gets ``metadata["max_new_tokens"]`` new tokens where its suite sets it, else
+    its answer's tokens plus one.
+
     Returns:
-        ``{"correct": [...], "msr": [...], "esr_last": [...], "esr_mean": [...], "decisions": [...]}``, one entry
-        per row (decisions as [routed layers, Hkv] bool tensors).
+        ``{"accuracy": [...], "exact": [...], "prediction": [...], "msr": [...], "esr_last": [...],
+        "esr_mean": [...], "decisions": [...]}``, one entry per row (decisions as [routed layers, Hkv] bool tensors).
     """
     device = next(model.parameters()).device
-    results: dict[str, list] = {"correct": [], "msr": [], "esr_last": [], "esr_mean": [], "decisions": []}
+    keys = ("accuracy", "exact", "prediction", "msr", "esr_last", "esr_mean", "decisions")
+    results: dict[str, list] = {key: [] for key in keys}
     for start in range(0, len(rows), batch_size):
         batch_rows = rows[start : start + batch_size]
-        encoded = [encode_row(tokenizer, row) for row in batch_rows]
-        width = max(len(prompt) for prompt, _ in encoded)
+        suites = [suite_of(row.task) for row in batch_rows]
+        encoded = [suite.encode(tokenizer, row) for suite, row in zip(suites, batch_rows)]
+        width = max([len(prompt) for prompt, _ in encoded] + [row.metadata.get("length", 0) for row in batch_rows])
         input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
         for row_index, (prompt, _) in enumerate(encoded):
             input_ids[row_index, width - len(prompt) :] = torch.tensor(prompt)
             attention_mask[row_index, width - len(prompt) :] = 1
-        new_tokens = max(len(answer) for _, answer in encoded) + 1
+        new_tokens = max(row.metadata.get("max_new_tokens", len(answer) + 1)
+                         for row, (_, answer) in zip(batch_rows, encoded))
         tokens = model.generate(
             input_ids.to(device),
             attention_mask=attention_mask.to(device),
@@ -86,9 +140,12 @@ def evaluate_rows(model: nn.Module, tokenizer, rows: list[TaskRow], batch_size: 
             eos_token_id=tokenizer.eos_token_id,
         )
         report = routing_report(model)
-        for row_index, row in enumerate(batch_rows):
-            prediction = decode_answer(tokenizer, tokens[row_index, width:].tolist())
-            results["correct"].append(float(score(prediction, row)))
+        for row_index, (suite, row) in enumerate(zip(suites, batch_rows)):
+            prediction = suite.decode(tokenizer, tokens[row_index, width:].tolist())
+            scored = suite.score(prediction, row)
+            results["accuracy"].append(scored.accuracy)
+            results["exact"].append(float(scored.exact))
+            results["prediction"].append(prediction)
         results["msr"].extend(report.msr.tolist())
         results["esr_last"].extend(report.esr_last.tolist())
         results["esr_mean"].extend(report.esr_mean.tolist())
@@ -114,30 +171,28 @@ def run_evaluation(
     Args:
         model: a causal LM with elastic attention attached (trained routers for the ``elastic`` mode).
         tokenizer: the suite tokenizer.
-        modes: subset of `MODES`.
-        tasks: task names of the suite.
+        modes: `MODES` or ``static@MSR`` (every static mode takes ``static_routing``).
+        tasks: task names (of any suite).
         lengths: prompt lengths in tokens.
         samples: rows per (task, length); the same rows for every mode.
         seed: suite seed.
-        static_routing: [routed layers, Hkv] bool head set for the ``static`` mode (True = full attention).
+        static_routing: [routed layers, Hkv] bool head set for the static modes (True = full attention).
         batch_size: rows per generate call.
         on_cell: called after each cell (progress reporting).
 
     Returns:
         One `CellResult` per (mode, task, length), in that nesting order.
     """
-    modes, tasks, lengths = list(modes), list(tasks), list(lengths)
-    unknown = sorted(set(modes) - set(MODES))
-    if unknown:
-        raise InputError(f"unknown evaluation modes {unknown}; choose from {list(MODES)}")
-    if "static" in modes and static_routing is None:
+    modes, tasks, lengths = check_modes(modes), list(tasks), list(lengths)
+    if any(is_static(mode) for mode in modes) and static_routing is None:
         raise InputError("the static mode needs a head set: pass static_routing (see head_ranking.static_routing)")
-    forced = {"full": "full", "sparse": "sparse", "elastic": None, "static": static_routing}
-    rows = {(task, length): generate(task, length, seed, samples) for task in tasks for length in lengths}
+    forced = {"full": "full", "sparse": "sparse", "elastic": None}
+    rows = {(task, length): suite_of(task).generate(task, length, seed, samples, tokenizer)
+            for task in tasks for length in lengths}
     results = []
     try:
         for mode in modes:
-            force_routing(model, forced[mode])
+            force_routing(model, static_routing if is_static(mode) else forced[mode])
             for task in tasks:
                 for length in lengths:
                     started = time.perf_counter()
@@ -145,9 +200,11 @@ def run_evaluation(
                     result = CellResult(
                         mode=mode,
                         task=task,
+                        kind=suite_of(task).kind(task),
                         length=length,
                         samples=samples,
-                        accuracy=_mean(cell["correct"]),
+                        accuracy=_mean(cell["accuracy"]),
+                        exact_match=_mean(cell["exact"]),
                         msr=_mean(cell["msr"]),
                         esr_last=_mean(cell["esr_last"]),
                         esr_mean=_mean(cell["esr_mean"]),

@@ -17,16 +17,21 @@ SUITE_TARGETS = {
     "local_recall": 1.0, "local_pattern": 1.0, "local_count": 1.0,
 }
 
+#: ``data.source`` values that generate rows from a task suite: source -> suite name
+#: (see `elastic_attention.evaluation.suites`); any other source is a local row file.
+SUITE_SOURCES = {"suite": "synthetic", "synthetic": "synthetic", "code": "code"}
+
 
 @dataclass(frozen=True)
 class DataConfig:
     """Where rows come from and how they are packed.
 
     Attributes:
-        source: ``"suite"`` (the synthetic task suite) or a local .jsonl / .parquet file.
-        tasks: suite tasks to draw (suite only).
-        lengths: suite prompt lengths in tokens, cycled over the rows (suite only).
-        rows: number of suite rows (suite only).
+        source: ``"suite"`` or ``"synthetic"`` (the synthetic task suite), ``"code"`` (the real-text code suite,
+            lengths in the model's tokens), or a local .jsonl / .parquet file.
+        tasks: suite tasks to draw (suites only).
+        lengths: suite prompt lengths in tokens, cycled over the rows (suites only).
+        rows: number of suite rows (suites only).
         seed: suite seed and data-order seed (the evaluation uses seed 0: keep them apart).
         budget: tokens per pack.
         answer_only: labels on answer tokens only; else on the whole sample.
@@ -118,7 +123,7 @@ class TrainConfig:
             )
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"`warmup_fraction` must be in [0, 1), got {self.warmup_fraction}")
-        if self.data.source == "suite":
+        if self.data.source in SUITE_SOURCES:
             missing = sorted(set(self.data.tasks) - set(self.targets))
             if missing:
                 raise ConfigError(f"suite tasks {missing} have no entry in `targets`")

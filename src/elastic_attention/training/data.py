@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from elastic_attention.chat import encode_chat
 from elastic_attention.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -86,21 +87,8 @@ def encode_row(tokenizer, row: Row) -> EncodedRow:
     Raises:
         InputError: the tokenizer has no chat template, or the rendered answer turn does not extend the prompt.
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise InputError("the tokenizer has no chat template; set tokenizer.chat_template to render rows")
-    user = [{"role": "user", "content": row.prompt}]
-    prompt_text = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-    full_text = tokenizer.apply_chat_template(
-        user + [{"role": "assistant", "content": row.answer}], tokenize=False
-    )
-    prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
-    full_ids = tokenizer.encode(full_text, add_special_tokens=False)
-    if full_ids[: len(prompt_ids)] != prompt_ids or len(full_ids) == len(prompt_ids):
-        raise InputError(
-            "the chat template's answer turn does not extend the prompt with a generation prompt; "
-            "answer-only labels need a template where prompt + answer starts with the rendered prompt"
-        )
-    return EncodedRow(prompt_ids, full_ids[len(prompt_ids) :], row.task)
+    prompt_ids, answer_ids = encode_chat(tokenizer, row.prompt, row.answer)
+    return EncodedRow(prompt_ids, answer_ids, row.task)
 
 
 def pack_rows(

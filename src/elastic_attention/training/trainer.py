@@ -25,7 +25,7 @@ from elastic_attention.adapters import router_state_dict, save_router
 from elastic_attention.integration import attach, is_attached, routers_of, routing_report, runtime_of
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.checkpoint import flatten_optimizer, load_latest, save_checkpoint, unflatten_optimizer
-from elastic_attention.training.config import TrainConfig
+from elastic_attention.training.config import SUITE_SOURCES, TrainConfig
 from elastic_attention.training.distributed import (
     copy_into,
     distributed_rank,
@@ -135,11 +135,13 @@ class RouterTrainer:
 
     def _build_packs(self) -> list[Pack]:
         data = self.config.data
-        if data.source == "suite":
-            from elastic_attention.evaluation.tasks import generate
+        if data.source in SUITE_SOURCES:
+            from elastic_attention.evaluation.suites import get_suite
 
+            suite = get_suite(SUITE_SOURCES[data.source])
             per_cell = math.ceil(data.rows / (len(data.tasks) * len(data.lengths)))
-            cells = [generate(task, length, data.seed, per_cell) for length in data.lengths for task in data.tasks]
+            cells = [suite.generate(task, length, data.seed, per_cell, self.tokenizer)
+                     for length in data.lengths for task in data.tasks]
             rows = [
                 Row(cell[index].context, cell[index].question, cell[index].answer, cell[index].task,
                     cell[index].instruction)

@@ -1,0 +1,486 @@
+"""The code suite: long-context tasks over real Python source, for real pretrained models.
+
+Every context is real code from the shipped standard-library snapshot (:mod:`elastic_attention.evaluation.corpus`),
+files one after another, each introduced by a ``# File: Lib/...`` line. A prompt is the task's instruction, the
+context, then the question (instruction first, question last, so boundary pooling sees both), rendered with the
+model's chat template.
+
+Length contract: ``generate(task, length, seed, n, tokenizer)`` returns rows whose prompt, rendered with the
+tokenizer's chat template and generation prompt, has between ``length - LENGTH_TOLERANCE_TOKENS`` and ``length``
+tokens (``metadata["prompt_tokens"]`` is the exact count). Contexts are cut at line boundaries.
+
+Tasks:
+
+- Sensitive (the evidence sits anywhere in the first three quarters of the context: by default at depths drawn from
+  [0.1, 0.75], so at 8K tokens and more it is at least 1900 tokens before the question):
+
+  - ``passkey``: one comment ``# The secret key is 482913. Remember it.``; the answer is the key.
+  - ``multikey``: four such comments for four named projects; one project is asked.
+  - ``find_definition``: a real function of the snapshot with an integer default parameter, its default replaced
+    by a random number (so the answer must be read from the context, not recalled from pretraining); the question
+    asks the default of that parameter. The function's name is defined nowhere else in the context.
+  - ``variable_chain``: two chains of two assignments (``VAR_QWERT = 52817``, later ``VAR_ASDFG = VAR_QWERT``)
+    spread through the code in chain order (RULER's variable tracking); the question asks the number that the last
+    variable of one chain holds.
+
+- Robust (the evidence sits in the last 700 tokens of the context):
+
+  - ``next_line``: the context is the code that precedes a real single-line statement inside a function, then
+    the statement's first third of words; the question repeats those words and asks for the whole line (LongBench
+    LCC style, scored by edit similarity, exact match reported beside it).
+  - ``recent_fact``: a comment ``# Note: the build number of this module is 58213.`` 150-600 tokens before the
+    end of the context; the answer is the number.
+  - ``few_shot``: the context ends with six examples of a renaming rule (CamelCase, words reversed and joined by
+    dots, or upper-case initials) applied to real function names; the question asks the rule applied to a seventh.
+
+Determinism: sample ``i`` is drawn from ``SampleRandom(sample_seed(task, length, seed, i))`` and the snapshot; the
+tokenizer only decides where contexts are cut. Each row's ``metadata["evidence_spans"]`` gives the character spans
+of its evidence in ``row.prompt`` (for head ranking), ``metadata["depths"]`` their token depths in the context.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_attention.chat import encode_chat, encode_prompt
+from elastic_attention.errors import InputError
+from elastic_attention.evaluation.corpus import (
+    completion_targets,
+    integer_defaults,
+    line_tokens,
+    snake_case_names,
+    stdlib_files,
+)
+from elastic_attention.evaluation.scoring import Score, edit_similarity, first_answer_line, first_integer
+from elastic_attention.evaluation.tasks import SampleRandom, TaskRow, sample_seed
+
+#: A rendered prompt has at most the requested tokens and at most this many fewer.
+LENGTH_TOLERANCE_TOKENS = 64
+#: Shortest prompt the suite builds.
+MIN_LENGTH = 1024
+#: Default depth range of sensitive evidence (fraction of the context's tokens).
+SENSITIVE_DEPTHS = (0.1, 0.75)
+#: Lines longer than this (data tables, long literals) are left out of contexts.
+_MAX_LINE_CHARS = 240
+_FIT_ATTEMPTS = 6
+
+INSTRUCTIONS: dict[str, str] = {
+    "passkey": "Read the Python source code below. A comment somewhere in it states a secret key; "
+    "you will be asked for that key.",
+    "multikey": "Read the Python source code below. Comments in it state the secret keys of several projects; "
+    "you will be asked for the key of one project.",
+    "find_definition": "Read the Python source code below. You will be asked about the default value of a "
+    "parameter of one function defined in it.",
+    "variable_chain": "Read the Python source code below. Variables named VAR_ and five capital letters are "
+    "assigned along the way, each either a number or another such variable; you will be asked which number one of "
+    "them holds.",
+    "next_line": "Complete the Python source code below.",
+    "recent_fact": "Read the Python source code below. A note near its end states a build number; "
+    "you will be asked for it.",
+    "few_shot": "Read the Python source code below. Its last lines show examples of a rule that renames "
+    "function names; you will be asked to apply the rule to another name.",
+}
+
+_PROJECTS = ("amber", "birch", "cobalt", "delta", "ember", "falcon", "garnet", "harbor", "indigo", "juniper",
+             "kestrel", "lumen", "marble", "nectar", "onyx", "pepper", "quartz", "raven", "saffron", "tundra")
+
+
+@dataclass
+class _Insert:
+    """Lines to place into the context: at ``depth`` (a fraction of the filler's tokens) or ``from_end`` tokens
+    before its end; ``evidence`` marks what the answer needs."""
+
+    lines: list[str]
+    evidence: bool
+    depth: float | None = None
+    from_end: int | None = None
+    tokens: int = 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Context assembly
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _forward_lines(rng: SampleRandom, excluded: frozenset[int]) -> Iterator[tuple[str, int, int]]:
+    """(line, file index, line index) from a random file onwards, wrapping around; line index -1 is a header."""
+    files = stdlib_files()
+    first = rng.below(len(files))
+    for step in range(len(files)):
+        index = (first + step) % len(files)
+        if index in excluded or not files[index].lines:
+            continue
+        yield files[index].header, index, -1
+        for line_index, line in enumerate(files[index].lines):
+            yield line, index, line_index
+
+
+def _backward_lines(file_index: int, line_index: int) -> Iterator[tuple[str, int, int]]:
+    """The lines before ``(file_index, line_index)``, nearest first, through the preceding files (wrapping)."""
+    files = stdlib_files()
+    index, end = file_index, line_index
+    for _ in range(len(files)):
+        for position in range(end - 1, -1, -1):
+            yield files[index].lines[position], index, position
+        yield files[index].header, index, -1
+        index = (index - 1) % len(files)
+        end = len(files[index].lines)
+
+
+def _take(stream: Iterator[tuple[str, int, int]], counter, budget: int) -> list[tuple[str, int]]:
+    """(line, tokens) pairs from ``stream`` while their token sum stays within ``budget``."""
+    taken, total = [], 0
+    for line, file_index, line_index in stream:
+        if len(line) > _MAX_LINE_CHARS:
+            continue
+        tokens = counter.of_header(file_index) if line_index < 0 else counter.of_file(file_index)[line_index]
+        if total + tokens > budget:
+            break
+        taken.append((line, tokens))
+        total += tokens
+    return taken
+
+
+def _place(filler: list[tuple[str, int]], inserts: Sequence[_Insert]) -> tuple[list[str], list[int], list[int]]:
+    """Context lines with the inserts at their positions; also each insert's first line index and token offset."""
+    total = sum(tokens for _, tokens in filler)
+    cumulative = [0]
+    for _, tokens in filler:
+        cumulative.append(cumulative[-1] + tokens)
+    targets = []
+    for insert in inserts:
+        offset = total - insert.from_end if insert.from_end is not None else round(insert.depth * total)
+        boundary = min(range(len(cumulative)), key=lambda i: (abs(cumulative[i] - max(0, offset)), i))
+        targets.append(boundary)
+    order = sorted(range(len(inserts)), key=lambda k: (targets[k], k))
+    lines: list[str] = []
+    starts, offsets = [0] * len(inserts), [0] * len(inserts)
+    position, inserted_tokens = 0, 0
+    for k in order:
+        lines += [line for line, _ in filler[position : targets[k]]]
+        position = max(position, targets[k])
+        starts[k], offsets[k] = len(lines), cumulative[position] + inserted_tokens
+        lines += inserts[k].lines
+        inserted_tokens += inserts[k].tokens
+    lines += [line for line, _ in filler[position:]]
+    return lines, starts, offsets
+
+
+def _build(
+    task: str,
+    tokenizer,
+    length: int,
+    seed: int,
+    rng: SampleRandom,
+    question: str,
+    answer: str,
+    *,
+    inserts: Sequence[_Insert] = (),
+    stream: Callable[[], Iterator[tuple[str, int, int]]],
+    reverse: bool = False,
+    max_new_tokens: int,
+    extra: dict[str, Any] | None = None,
+) -> TaskRow:
+    """Fit filler from ``stream`` around ``inserts`` so the rendered prompt meets the length contract."""
+    counter = line_tokens(tokenizer)
+    instruction = INSTRUCTIONS[task]
+    for insert in inserts:
+        insert.tokens = sum(counter.count(line) for line in insert.lines)
+    overhead = len(encode_prompt(tokenizer, f"{instruction}\n\n{question}"))
+    budget = length - overhead - sum(insert.tokens for insert in inserts)
+    for _ in range(_FIT_ATTEMPTS):
+        filler = _take(stream(), counter, budget)
+        if reverse:
+            filler.reverse()
+        lines, starts, offsets = _place(filler, inserts)
+        context = "".join(lines).rstrip("\n")
+        prompt = f"{instruction}\n{context}\n{question}"
+        prompt_tokens = len(encode_prompt(tokenizer, prompt))
+        if length - LENGTH_TOLERANCE_TOKENS <= prompt_tokens <= length:
+            break
+        budget += length - LENGTH_TOLERANCE_TOKENS // 2 - prompt_tokens
+    else:
+        raise InputError(f"could not fit a {task} row into {length} tokens (got {prompt_tokens}); raise the length")
+    context_tokens = sum(tokens for _, tokens in filler) + sum(insert.tokens for insert in inserts)
+    base = len(instruction) + 1
+    spans, depths = [], []
+    for k, insert in enumerate(inserts):
+        if insert.evidence:
+            start = base + sum(len(line) for line in lines[: starts[k]])
+            spans.append((start, start + len("".join(insert.lines).rstrip("\n"))))
+            depths.append(offsets[k] / max(1, context_tokens))
+    metadata = {
+        "length": length,
+        "prompt_tokens": prompt_tokens,
+        "context_tokens": context_tokens,
+        "seed": seed,
+        "evidence_spans": spans,
+        "depths": depths,
+        "max_new_tokens": max_new_tokens,
+        **(extra or {}),
+    }
+    return TaskRow(context=context, question=question, answer=answer, task=task, instruction=instruction,
+                   metadata=metadata)
+
+
+def _depth(rng: SampleRandom, depth: float | None) -> float:
+    if depth is None:
+        low, high = SENSITIVE_DEPTHS
+        return low + (high - low) * rng.fraction()
+    if not 0.0 <= depth <= 1.0:
+        raise InputError(f"`depth` must be in [0, 1], got {depth}")
+    return depth
+
+
+def _number(rng: SampleRandom, digits: int) -> str:
+    return str(rng.integer(10 ** (digits - 1), 10**digits - 1))
+
+
+def _check_length(length: int) -> None:
+    if isinstance(length, bool) or not isinstance(length, int) or length < MIN_LENGTH:
+        raise InputError(f"code suite rows need `length` >= {MIN_LENGTH} tokens, got {length!r}")
+
+
+def _any_file(rng: SampleRandom, excluded: frozenset[int] = frozenset()):
+    """A stream factory: every call replays the same lines, from a file drawn once from ``rng``."""
+    start = rng.below(1 << 62)
+    return lambda: _forward_lines(SampleRandom(start), excluded)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sensitive tasks
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def passkey(length: int, seed: int, tokenizer, *, depth: float | None = None) -> TaskRow:
+    """One secret key in a comment at ``depth`` (drawn from `SENSITIVE_DEPTHS` when None); asked at the end."""
+    rng = SampleRandom(seed)
+    key = _number(rng, 6)
+    inserts = [_Insert([f"# The secret key is {key}. Remember it.\n"], True, depth=_depth(rng, depth))]
+    question = "What is the secret key stated in the code above? Answer with the key only."
+    return _build("passkey", tokenizer, length, seed, rng, question, key, inserts=inserts, stream=_any_file(rng),
+                  max_new_tokens=16, extra={"key": key})
+
+
+def multikey(length: int, seed: int, tokenizer, *, num_keys: int = 4) -> TaskRow:
+    """``num_keys`` (2-8) project keys in comments at independent depths; the key of one project is asked."""
+    if not 2 <= num_keys <= 8:
+        raise InputError(f"`num_keys` must be in [2, 8], got {num_keys}")
+    rng = SampleRandom(seed)
+    projects = rng.sample(_PROJECTS, num_keys)
+    keys = []
+    while len(keys) < num_keys:
+        key = _number(rng, 6)
+        if key not in keys:
+            keys.append(key)
+    inserts = [
+        _Insert([f"# The secret key of the {project} project is {key}.\n"], index == 0, depth=_depth(rng, None))
+        for index, (project, key) in enumerate(zip(projects, keys))
+    ]
+    question = f"What is the secret key of the {projects[0]} project? Answer with the key only."
+    return _build("multikey", tokenizer, length, seed, rng, question, keys[0], inserts=inserts,
+                  stream=_any_file(rng), max_new_tokens=16, extra={"projects": projects, "keys": keys})
+
+
+def find_definition(length: int, seed: int, tokenizer, *, depth: float | None = None) -> TaskRow:
+    """A real function with its integer default replaced by a random number, at ``depth``; its default is asked.
+
+    The function's file is left out of the filler and redrawn when the filler defines the same name elsewhere.
+    """
+    rng = SampleRandom(seed)
+    definitions = integer_defaults()
+    files = stdlib_files()
+    at = _depth(rng, depth)
+    for _ in range(32):
+        definition = rng.choice(definitions)
+        source = files[definition.file_index]
+        value = rng.integer(2, 999)
+        while value == definition.default:
+            value = rng.integer(2, 999)
+        lines = list(source.lines[definition.start : definition.end])
+        row_of_default = definition.default_line - definition.start
+        begin, end = definition.default_columns
+        text = lines[row_of_default]
+        lines[row_of_default] = f"{text[:begin]}{value}{text[end:]}"
+        indent = len(lines[0]) - len(lines[0].lstrip())
+        lines = [line[indent:] if line[:indent].strip() == "" else line.lstrip() for line in lines]
+        stream = _any_file(rng, frozenset({definition.file_index}))
+        pattern = re.compile(rf"\bdef {re.escape(definition.name)}\(")
+        probe = "".join(line for line, _ in _take(stream(), line_tokens(tokenizer), length))
+        if not pattern.search(probe):
+            break
+    else:
+        raise InputError(f"no find_definition row without a duplicate definition for seed {seed}")
+    inserts = [_Insert(["\n", *lines, "\n"], True, depth=at)]
+    question = (f"In the code above, what is the default value of the parameter `{definition.parameter}` of the "
+                f"function `{definition.name}`? Answer with the value only.")
+    extra = {"function": definition.name, "parameter": definition.parameter, "file": source.path,
+             "original_default": definition.default}
+    return _build("find_definition", tokenizer, length, seed, rng, question, str(value), inserts=inserts,
+                  stream=stream, max_new_tokens=16, extra=extra)
+
+
+def _variable_name(rng: SampleRandom, taken: set[str]) -> str:
+    while True:
+        name = "VAR_" + "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
+        if name not in taken:
+            taken.add(name)
+            return name
+
+
+def variable_chain(length: int, seed: int, tokenizer, *, num_chains: int = 2, num_hops: int = 2) -> TaskRow:
+    """``num_chains`` chains of ``num_hops`` assignments (a number, then each variable from the previous one), in
+    chain order at sorted depths; the number held by the first chain's last variable is asked."""
+    if not 1 <= num_chains <= 4 or not 2 <= num_hops <= 6:
+        raise InputError(f"`num_chains` must be in [1, 4] and `num_hops` in [2, 6], got {num_chains}, {num_hops}")
+    rng = SampleRandom(seed)
+    taken: set[str] = set()
+    values: list[str] = []
+    inserts = []
+    chains = []
+    for chain_index in range(num_chains):
+        value = _number(rng, 5)
+        while value in values:
+            value = _number(rng, 5)
+        values.append(value)
+        names = [_variable_name(rng, taken) for _ in range(num_hops)]
+        chains.append(names)
+        depths = sorted(_depth(rng, None) for _ in range(num_hops))
+        for hop, (name, at) in enumerate(zip(names, depths)):
+            right = value if hop == 0 else names[hop - 1]
+            inserts.append(_Insert([f"{name} = {right}\n"], chain_index == 0, depth=at))
+    question = (f"Follow the assignments in the code above: which number does {chains[0][-1]} hold? "
+                f"Answer with the number only.")
+    return _build("variable_chain", tokenizer, length, seed, rng, question, values[0], inserts=inserts,
+                  stream=_any_file(rng), max_new_tokens=16, extra={"chains": chains, "values": values})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Robust tasks
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def next_line(length: int, seed: int, tokenizer) -> TaskRow:
+    """The code before a real single-line statement of a function, then the statement's first words; the answer is
+    the whole statement line (stripped)."""
+    rng = SampleRandom(seed)
+    file_index, line_index = rng.choice(completion_targets())
+    target = stdlib_files()[file_index].lines[line_index].rstrip("\n")
+    indent = len(target) - len(target.lstrip())
+    words = target[indent:].split(" ")
+    cut = indent + len(" ".join(words[: max(1, len(words) // 3)]))
+    question = (f"Complete the last, unfinished line of the code above, which starts with `{target[indent:cut]}`. "
+                f"Answer with the complete line only.")
+    answer = target.strip()
+    answer_tokens = line_tokens(tokenizer).count(answer)
+    inserts = [_Insert([target[:cut] + "\n"], True, from_end=0)]
+    return _build("next_line", tokenizer, length, seed, rng, question, answer, inserts=inserts,
+                  stream=lambda: _backward_lines(file_index, line_index), reverse=True,
+                  max_new_tokens=answer_tokens + 24,
+                  extra={"file": stdlib_files()[file_index].path, "line": line_index + 1, "prefix": target[:cut]})
+
+
+def recent_fact(length: int, seed: int, tokenizer) -> TaskRow:
+    """A build-number note 150-600 tokens before the end of the context; the number is asked."""
+    rng = SampleRandom(seed)
+    number = _number(rng, 5)
+    inserts = [_Insert([f"# Note: the build number of this module is {number}.\n"], True,
+                       from_end=rng.integer(150, 600))]
+    question = "What is the build number given in the note near the end of the code above? Answer with the number only."
+    return _build("recent_fact", tokenizer, length, seed, rng, question, number, inserts=inserts,
+                  stream=_any_file(rng), max_new_tokens=16, extra={"number": number})
+
+
+#: Renaming rules of the few-shot task: name -> rule(words).
+RENAMING_RULES: dict[str, Callable[[list[str]], str]] = {
+    "camel_case": lambda words: "".join(word.capitalize() for word in words),
+    "reversed_dots": lambda words: ".".join(reversed(words)),
+    "upper_initials": lambda words: "".join(word[0].upper() for word in words),
+}
+
+
+def few_shot(length: int, seed: int, tokenizer, *, num_examples: int = 6) -> TaskRow:
+    """The context ends with ``num_examples`` (3-10) ``input -> output`` examples of a renaming rule; the rule
+    applied to another real function name is asked."""
+    if not 3 <= num_examples <= 10:
+        raise InputError(f"`num_examples` must be in [3, 10], got {num_examples}")
+    rng = SampleRandom(seed)
+    rule_name = rng.choice(sorted(RENAMING_RULES))
+    rule = RENAMING_RULES[rule_name]
+    names = rng.sample(snake_case_names(), num_examples + 1)
+    examples = [f"# {name} -> {rule(name.split('_'))}\n" for name in names[:-1]]
+    inserts = [_Insert(["# Renaming rule, by example:\n", *examples], True, from_end=0)]
+    question = (f"Apply the renaming rule of the examples at the end of the code above to {names[-1]}. "
+                f"Answer in the same form: {names[-1]} -> new name.")
+    answer = rule(names[-1].split("_"))
+    return _build("few_shot", tokenizer, length, seed, rng, question, answer, inserts=inserts,
+                  stream=_any_file(rng), max_new_tokens=24, extra={"rule": rule_name, "query": names[-1]})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Registry, generation, encoding, scoring
+# ----------------------------------------------------------------------------------------------------------------
+
+TASKS: dict[str, Callable[..., TaskRow]] = {
+    "passkey": passkey,
+    "multikey": multikey,
+    "find_definition": find_definition,
+    "variable_chain": variable_chain,
+    "next_line": next_line,
+    "recent_fact": recent_fact,
+    "few_shot": few_shot,
+}
+SENSITIVE_TASKS: tuple[str, ...] = ("passkey", "multikey", "find_definition", "variable_chain")
+ROBUST_TASKS: tuple[str, ...] = ("next_line", "recent_fact", "few_shot")
+
+
+def generate(task: str, length: int, seed: int, n: int, tokenizer=None, **options: Any) -> list[TaskRow]:
+    """``n`` rows of one code-suite task whose rendered prompts meet the length contract under ``tokenizer``.
+
+    Raises:
+        InputError: unknown task, no tokenizer, bad ``n`` or ``length``, or a bad option.
+    """
+    if task not in TASKS:
+        raise InputError(f"`task` must be one of {sorted(TASKS)}, got {task!r}")
+    if tokenizer is None:
+        raise InputError("code suite rows are cut to a length in the model's tokens: pass its tokenizer")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InputError(f"`n` must be a non-negative integer, got {n!r}")
+    _check_length(length)
+    return [TASKS[task](length, sample_seed(task, length, seed, i), tokenizer, **options) for i in range(n)]
+
+
+def encode(tokenizer, row: TaskRow) -> tuple[list[int], list[int]]:
+    """(prompt ids with the generation prompt, answer-turn ids) under the tokenizer's chat template."""
+    return encode_chat(tokenizer, row.prompt, row.answer)
+
+
+def decode(tokenizer, token_ids: list[int]) -> str:
+    """Generated ids up to the first end-of-sequence token, special tokens dropped, lines kept."""
+    ids = list(token_ids)
+    if tokenizer.eos_token_id in ids:
+        ids = ids[: ids.index(tokenizer.eos_token_id)]
+    return tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+def score(prediction: str, row: TaskRow) -> Score:
+    """Score a decoded prediction.
+
+    - ``next_line``: accuracy is the edit similarity of the prediction's first code line to the answer line
+      (both stripped); exact when equal.
+    - ``few_shot``: exact when the first answer line's last ``->`` part, without backticks and quotes, equals the
+      answer.
+    - the number tasks: exact when the first integer in the prediction equals the answer.
+    """
+    if row.task == "next_line":
+        line = first_answer_line(prediction)
+        return Score(edit_similarity(line, row.answer), line == row.answer)
+    if row.task == "few_shot":
+        exact = first_answer_line(prediction).split("->")[-1].strip("`'\" .") == row.answer
+    else:
+        exact = first_integer(prediction) == row.answer
+    return Score(float(exact), exact)

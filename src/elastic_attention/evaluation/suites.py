@@ -1,0 +1,130 @@
+"""The task suites behind one small interface: how rows are generated, encoded, decoded and scored.
+
+- ``synthetic``: the word-level suite of :mod:`elastic_attention.evaluation.tasks`, for the backbones trained here
+  on its tokenizer (exact lengths, exact-match scoring).
+- ``code``: the real-text suite of :mod:`elastic_attention.evaluation.code_suite`, for real pretrained models
+  (Python standard-library source, the model's own tokenizer and chat template).
+
+Task names are unique across suites, so a task name finds its suite (:func:`suite_of`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from elastic_attention.errors import InputError
+from elastic_attention.evaluation import code_suite, tasks, vocabulary
+from elastic_attention.evaluation.scoring import Score
+from elastic_attention.evaluation.tasks import TaskRow
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One task suite.
+
+    Attributes:
+        name: ``synthetic`` or ``code``.
+        sensitive: its sparsity-sensitive tasks.
+        robust: its sparsity-robust tasks.
+        generate: ``(task, length, seed, n, tokenizer) -> rows``.
+        encode: ``(tokenizer, row) -> (prompt ids, answer ids)``; the prompt ends with the generation prompt.
+        decode: ``(tokenizer, generated ids) -> prediction text``.
+        score: ``(prediction, row) -> Score``.
+        ranking_tasks: the tasks whose rows rank heads by retrieval score (single-evidence needles).
+    """
+
+    name: str
+    sensitive: tuple[str, ...]
+    robust: tuple[str, ...]
+    generate: Callable[..., list[TaskRow]]
+    encode: Callable[..., tuple[list[int], list[int]]]
+    decode: Callable[..., str]
+    score: Callable[[str, TaskRow], Score]
+    ranking_tasks: tuple[str, ...]
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return self.sensitive + self.robust
+
+    def kind(self, task: str) -> str:
+        """``"sensitive"`` or ``"robust"``."""
+        if task in self.sensitive:
+            return "sensitive"
+        if task in self.robust:
+            return "robust"
+        raise InputError(f"task {task!r} is not in the {self.name} suite; its tasks: {list(self.tasks)}")
+
+    def resolve(self, names: Sequence[str]) -> list[str]:
+        """Task names with the groups ``all``, ``sensitive`` and ``robust`` expanded, in order, without repeats.
+
+        Raises:
+            InputError: a name that is neither a task of this suite nor a group.
+        """
+        groups = {"all": self.tasks, "sensitive": self.sensitive, "robust": self.robust}
+        resolved = [task for name in names for task in groups.get(name, (name,))]
+        unknown = sorted(set(resolved) - set(self.tasks))
+        if unknown:
+            raise InputError(
+                f"unknown {self.name} suite tasks {unknown}; known: {list(self.tasks)} or all / sensitive / robust"
+            )
+        if not resolved:
+            raise InputError("no tasks given; name tasks, or all / sensitive / robust")
+        return list(dict.fromkeys(resolved))
+
+
+def _synthetic_generate(task: str, length: int, seed: int, n: int, tokenizer=None, **options) -> list[TaskRow]:
+    return tasks.generate(task, length, seed, n, **options)
+
+
+def _synthetic_score(prediction: str, row: TaskRow) -> Score:
+    exact = tasks.score(prediction, row)
+    return Score(float(exact), exact)
+
+
+SUITES: dict[str, Suite] = {
+    "synthetic": Suite(
+        name="synthetic",
+        sensitive=tasks.SENSITIVE_TASKS,
+        robust=tasks.ROBUST_TASKS,
+        generate=_synthetic_generate,
+        encode=vocabulary.encode_row,
+        decode=vocabulary.decode_answer,
+        score=_synthetic_score,
+        ranking_tasks=tuple(task for task in tasks.SENSITIVE_TASKS if task.startswith("needle")),
+    ),
+    "code": Suite(
+        name="code",
+        sensitive=code_suite.SENSITIVE_TASKS,
+        robust=code_suite.ROBUST_TASKS,
+        generate=code_suite.generate,
+        encode=code_suite.encode,
+        decode=code_suite.decode,
+        score=code_suite.score,
+        ranking_tasks=("passkey", "multikey"),
+    ),
+}
+
+
+def get_suite(name: str) -> Suite:
+    """The suite called ``name``.
+
+    Raises:
+        InputError: an unknown suite name.
+    """
+    if name not in SUITES:
+        raise InputError(f"unknown suite {name!r}; known: {sorted(SUITES)}")
+    return SUITES[name]
+
+
+def suite_of(task: str) -> Suite:
+    """The suite that holds ``task``.
+
+    Raises:
+        InputError: a task of no suite.
+    """
+    for suite in SUITES.values():
+        if task in suite.tasks:
+            return suite
+    known = {name: list(suite.tasks) for name, suite in SUITES.items()}
+    raise InputError(f"unknown task {task!r}; known: {known}")
