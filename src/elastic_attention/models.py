@@ -124,6 +124,7 @@ def fetch_model(
     _require_gguf_reader()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging.chmod(0o755)
     try:
         convert_gguf(gguf, staging)
         marker = {"model": source.name, "gguf": source.gguf_name, "sha256": source.sha256}

@@ -380,7 +380,7 @@ def next_line(length: int, seed: int, tokenizer) -> TaskRow:
     inserts = [_Insert([target[:cut] + "\n"], True, from_end=0)]
     return _build("next_line", tokenizer, length, seed, rng, question, answer, inserts=inserts,
                   stream=lambda: _backward_lines(file_index, line_index), reverse=True,
-                  max_new_tokens=answer_tokens + 24,
+                  max_new_tokens=answer_tokens + 12,
                   extra={"file": stdlib_files()[file_index].path, "line": line_index + 1, "prefix": target[:cut]})
 
 

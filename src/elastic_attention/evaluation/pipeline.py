@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -16,7 +16,14 @@ from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation.head_ranking import retrieval_scores, static_routing
 from elastic_attention.evaluation.reporting import format_markdown, format_table, plot_accuracy_vs_msr, write_json
-from elastic_attention.evaluation.runner import CellResult, check_modes, is_static, run_evaluation, static_msr_of
+from elastic_attention.evaluation.runner import (
+    CellResult,
+    check_modes,
+    is_static,
+    run_evaluation,
+    static_msr_of,
+    suite_rows,
+)
 from elastic_attention.evaluation.suites import get_suite, suite_of
 from elastic_attention.integration import attach, runtime_of
 from elastic_attention.io import atomic_write_text
@@ -83,6 +90,7 @@ def evaluate_model(
     seed: int = 0,
     batch_size: int = 8,
     progress: bool = True,
+    on_mode: Callable[[list[CellResult], dict], None] | None = None,
 ) -> tuple[list[CellResult], dict]:
     """Evaluate ``modes`` on a plain (not yet attached) model.
 
@@ -90,6 +98,8 @@ def evaluate_model(
     with ``config`` and untrained routers (fine for the full, static and sparse modes). A static mode keeps the top
     retrieval-score heads on full attention: ``static@0.7`` at MSR 0.7, ``static`` at ``static_msr``, or, when that
     is None and ``elastic`` runs too, at the elastic run's average MSR (the paper's comparison).
+
+    ``on_mode(results, context)`` is called after each mode with everything so far (to write partial results).
 
     Returns:
         (results, context): the cells and a dict of what was used (static MSRs and head sets, config).
@@ -107,6 +117,7 @@ def evaluate_model(
     context["elastic_config"] = runtime_of(model).config.to_dict()
     ordered = [mode for mode in ("full", "elastic", "sparse") if mode in modes]
     ordered += [mode for mode in modes if is_static(mode)]
+    rows = suite_rows(tokenizer, tasks, lengths, samples, seed)
     results: list[CellResult] = []
     bar = _progress(len(ordered) * len(tasks) * len(lengths), progress)
     for mode in ordered:
@@ -125,8 +136,10 @@ def evaluate_model(
             context.setdefault("static", {})[mode] = {"msr": msr, "heads": routing.tolist()}
         results += run_evaluation(
             model, tokenizer, modes=[mode], tasks=tasks, lengths=lengths, samples=samples, seed=seed,
-            static_routing=routing, batch_size=batch_size, on_cell=lambda cell: _advance(bar, cell),
+            static_routing=routing, batch_size=batch_size, on_cell=lambda cell: _advance(bar, cell), rows=rows,
         )
+        if on_mode is not None:
+            on_mode(results, context)
     if bar is not None:
         bar.close()
     return results, context
@@ -149,20 +162,21 @@ def run_eval_command(
 ) -> str:
     """Everything `elastic-attention eval` does; returns the printed table."""
     model, tokenizer = load_backbone(model_dir, device, dtype)
+    out_dir = Path(out)
+    header = {
+        "command": " ".join(sys.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": _device_name(next(model.parameters()).device),
+        "model": str(model_dir),
+        "router": router,
+    }
+
+    def save(results: list[CellResult], context: dict) -> None:
+        write_json(results, out_dir / "eval.json", **header, **context)
+
     results, context = evaluate_model(
         model, tokenizer, router=router, modes=modes, tasks=tasks, lengths=lengths, samples=samples,
-        static_msr=static_msr, seed=seed, batch_size=batch_size,
-    )
-    out_dir = Path(out)
-    write_json(
-        results,
-        out_dir / "eval.json",
-        command=" ".join(sys.argv),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        device=_device_name(next(model.parameters()).device),
-        model=str(model_dir),
-        router=router,
-        **context,
+        static_msr=static_msr, seed=seed, batch_size=batch_size, on_mode=save,
     )
     plot_accuracy_vs_msr(results, out_dir / "accuracy_vs_msr.png")
     atomic_write_text(out_dir / "eval.md", format_markdown(results) + "\n")

@@ -153,6 +153,12 @@ def evaluate_rows(model: nn.Module, tokenizer, rows: list[TaskRow], batch_size: 
     return results
 
 
+def suite_rows(tokenizer, tasks: Iterable[str], lengths: Iterable[int], samples: int, seed: int = 0) -> dict:
+    """``{(task, length): rows}``: ``samples`` rows of each task at each length, from the task's suite."""
+    return {(task, length): suite_of(task).generate(task, length, seed, samples, tokenizer)
+            for task in tasks for length in lengths}
+
+
 def run_evaluation(
     model: nn.Module,
     tokenizer,
@@ -165,6 +171,7 @@ def run_evaluation(
     static_routing: torch.Tensor | None = None,
     batch_size: int = 8,
     on_cell: Callable[[CellResult], None] | None = None,
+    rows: dict | None = None,
 ) -> list[CellResult]:
     """Evaluate an attached model over modes x tasks x lengths.
 
@@ -179,6 +186,7 @@ def run_evaluation(
         static_routing: [routed layers, Hkv] bool head set for the static modes (True = full attention).
         batch_size: rows per generate call.
         on_cell: called after each cell (progress reporting).
+        rows: the rows of every (task, length), as `suite_rows` makes them (generated here when None).
 
     Returns:
         One `CellResult` per (mode, task, length), in that nesting order.
@@ -187,8 +195,8 @@ def run_evaluation(
     if any(is_static(mode) for mode in modes) and static_routing is None:
         raise InputError("the static mode needs a head set: pass static_routing (see head_ranking.static_routing)")
     forced = {"full": "full", "sparse": "sparse", "elastic": None}
-    rows = {(task, length): suite_of(task).generate(task, length, seed, samples, tokenizer)
-            for task in tasks for length in lengths}
+    if rows is None:
+        rows = suite_rows(tokenizer, tasks, lengths, samples, seed)
     results = []
     try:
         for mode in modes:
