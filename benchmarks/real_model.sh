@@ -4,7 +4,7 @@
 # Runs on the lent H200 (issue 18), after `../shared/tools/real-model-parts` has put the model at $MODEL:
 #   OUT=$OUT bash benchmarks/real_model.sh train          # configs/qwen2.5_coder_code.yaml -> $RUN (router, logs)
 #   OUT=$OUT bash benchmarks/real_model.sh eval 8k,16k    # the table at these lengths, $SAMPLES rows per cell
-#   ROUTER=path OUT=$OUT bash benchmarks/real_model.sh eval 32k   # with a router from elsewhere (e.g. the committed one)
+#   ROUTER=path MODES=full,elastic OUT=$OUT bash benchmarks/real_model.sh eval 32k   # another router, fewer modes
 # Each stage copies what it made into $OUT (files come back from the device two folders deep at most).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
@@ -28,7 +28,7 @@ case ${1:-train} in
     lengths=${2:?give the lengths, e.g. 8k,16k}
     name=eval_${lengths//,/_}
     timeout ${EVAL_LIMIT:-560} $cli eval --model "$MODEL" --router "$ROUTER" --suite code --tasks all \
-      --modes full,elastic,static,static@0.7,sparse --lengths "$lengths" --samples "$SAMPLES" \
+      --modes ${MODES:-full,elastic,static,static@0.7,sparse} --lengths "$lengths" --samples "$SAMPLES" \
       --batch-size ${BATCH:-16} --out "$OUT/$name" > "$OUT/$name.log" 2>&1
     echo "eval rc $? at $(( $(date +%s) - start )) s"
     tail -40 "$OUT/$name.log" ;;

@@ -1,5 +1,8 @@
-"""Files shipped with the package: the tiny backbone trained on the synthetic suite (the demo's default model)."""
+"""Files shipped with the package: the tiny backbone trained on the synthetic suite (the demo's default model), the
+Python standard-library snapshot of the code suite, and router adapters trained here for real models."""
 
 from pathlib import Path
 
 TINY_BACKBONE = Path(__file__).parent / "backbone_tiny"
+#: Routers for Qwen2.5-Coder-0.5B-Instruct trained on the code suite (configs/qwen2.5_coder_code.yaml).
+QWEN_CODER_ROUTER = Path(__file__).parent / "routers" / "qwen2.5-coder-0.5b-instruct"

@@ -66,7 +66,8 @@ MIN_LENGTH = 1024
 SENSITIVE_DEPTHS = (0.1, 0.75)
 #: Lines longer than this (data tables, long literals) are left out of contexts.
 _MAX_LINE_CHARS = 240
-_FIT_ATTEMPTS = 6
+_FIT_ATTEMPTS = 12
+_SKIPPED_LINES = 200
 
 INSTRUCTIONS: dict[str, str] = {
     "passkey": "Read the Python source code below. A comment somewhere in it states a secret key; "
@@ -131,15 +132,22 @@ def _backward_lines(file_index: int, line_index: int) -> Iterator[tuple[str, int
         end = len(files[index].lines)
 
 
-def _take(stream: Iterator[tuple[str, int, int]], counter, budget: int) -> list[tuple[str, int]]:
-    """(line, tokens) pairs from ``stream`` while their token sum stays within ``budget``."""
+def _take(stream: Iterator[tuple[str, int, int]], counter, budget: int, skip: int = 0) -> list[tuple[str, int]]:
+    """(line, tokens) pairs from ``stream`` while their token sum stays within ``budget``.
+
+    With ``skip`` > 0, up to that many lines that would overshoot the budget are passed over (the lines after them
+    are tried), so a budget can be met more closely than one long line allows.
+    """
     taken, total = [], 0
     for line, file_index, line_index in stream:
         if len(line) > _MAX_LINE_CHARS:
             continue
         tokens = counter.of_header(file_index) if line_index < 0 else counter.of_file(file_index)[line_index]
         if total + tokens > budget:
-            break
+            if skip <= 0:
+                break
+            skip -= 1
+            continue
         taken.append((line, tokens))
         total += tokens
     return taken
@@ -192,8 +200,9 @@ def _build(
         insert.tokens = sum(counter.count(line) for line in insert.lines)
     overhead = len(encode_prompt(tokenizer, f"{instruction}\n\n{question}"))
     budget = length - overhead - sum(insert.tokens for insert in inserts)
+    seen, skip = set(), 0
     for _ in range(_FIT_ATTEMPTS):
-        filler = _take(stream(), counter, budget)
+        filler = _take(stream(), counter, budget, skip)
         if reverse:
             filler.reverse()
         lines, starts, offsets = _place(filler, inserts)
@@ -202,6 +211,9 @@ def _build(
         prompt_tokens = len(encode_prompt(tokenizer, prompt))
         if length - LENGTH_TOLERANCE_TOKENS <= prompt_tokens <= length:
             break
+        if prompt_tokens in seen:  # one line steps over the whole tolerance: pass over long lines at the end
+            skip = _SKIPPED_LINES
+        seen.add(prompt_tokens)
         budget += length - LENGTH_TOLERANCE_TOKENS // 2 - prompt_tokens
     else:
         raise InputError(f"could not fit a {task} row into {length} tokens (got {prompt_tokens}); raise the length")
