@@ -1,0 +1,141 @@
+"""The Triton kernels of the fused decode step (`backends.triton_decode` launches them).
+
+Imported only when a fused step runs, so that importing elastic_attention never imports Triton. Segments, slots and
+the merge of key splits are described in `backends.triton_decode`.
+"""
+
+import triton
+import triton.language as tl
+
+@triton.jit
+def _segment_storage(segment, key_addresses, value_addresses, dtype, ALIGNED: tl.constexpr):
+    """(keys, values) pointers of a segment's storage (rows of head_dim)."""
+    keys = tl.load(key_addresses + segment).to(tl.pointer_type(dtype))
+    values = tl.load(value_addresses + segment).to(tl.pointer_type(dtype))
+    if ALIGNED:
+        keys, values = tl.multiple_of(keys, 16), tl.multiple_of(values, 16)
+    return keys, values
+
+@triton.jit
+def _slot_of(length, position_address, sink, local):
+    """The slot of position ``length``: itself in a full store (no position address), else its ring slot."""
+    slot = length
+    if position_address != 0:
+        slot = tl.where(length < sink, length, sink + (length - sink) % local)
+    return slot
+
+@triton.jit
+def _store_entry(keys, values, position_address, length, sink, local, key, value, d, in_dim,
+                 HEAD_DIM: tl.constexpr):
+    """Store the entry of position ``length`` at its slot (and, in a ring, the slot's position)."""
+    slot = _slot_of(length, position_address, sink, local)
+    if position_address != 0:
+        tl.store(position_address.to(tl.pointer_type(tl.int64)) + slot, length.to(tl.int64))
+    row = slot.to(tl.int64) * HEAD_DIM
+    tl.store(keys + row + d, key, mask=in_dim)
+    tl.store(values + row + d, value, mask=in_dim)
+
+@triton.jit
+def write_kernel(new_keys, new_values, key_stride_b, key_stride_h, value_stride_b, value_stride_h, num_kv,
+                  key_addresses, value_addresses, position_addresses, lengths, sink, local,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr):
+    segment = tl.program_id(0)
+    batch_row, head = segment // num_kv, segment % num_kv
+    length = tl.load(lengths + segment)
+    d = tl.arange(0, BLOCK_D)
+    in_dim = d < HEAD_DIM
+    keys, values = _segment_storage(segment, key_addresses, value_addresses, new_keys.dtype.element_ty, ALIGNED)
+    key = tl.load(new_keys + batch_row * key_stride_b + head * key_stride_h + d, mask=in_dim)
+    value = tl.load(new_values + batch_row * value_stride_b + head * value_stride_h + d, mask=in_dim)
+    _store_entry(keys, values, tl.load(position_addresses + segment), length, sink, local, key, value, d, in_dim,
+                 HEAD_DIM)
+    tl.store(lengths + segment, length + 1)
+
+@triton.jit
+def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key_stride_b, key_stride_h,
+                 value_stride_b, value_stride_h, num_kv, key_addresses, value_addresses, position_addresses,
+                 lengths, arrivals, sink, local, keys_per_split, partial, maxima, sums, output, output_stride_b,
+                 output_stride_h, scale, splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    segment, split = tl.program_id(0), tl.program_id(1)
+    batch_row, head = segment // num_kv, segment % num_kv
+    length = tl.load(lengths + segment)  # before the step; only this segment's last split changes it
+    position_address = tl.load(position_addresses + segment)
+    entries = length + 1
+    if position_address != 0:
+        entries = tl.minimum(entries, sink + local)
+    slot = _slot_of(length, position_address, sink, local)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    in_group, in_dim = g < GROUP, d < HEAD_DIM
+    keys, values = _segment_storage(segment, key_addresses, value_addresses, query.dtype.element_ty, ALIGNED)
+    new_key = tl.load(new_keys + batch_row * key_stride_b + head * key_stride_h + d, mask=in_dim, other=0.0)
+    new_value = tl.load(new_values + batch_row * value_stride_b + head * value_stride_h + d, mask=in_dim,
+                        other=0.0)
+    if split == 0:
+        _store_entry(keys, values, position_address, length, sink, local, new_key, new_value, d, in_dim, HEAD_DIM)
+    query_rows = query + batch_row * query_stride_b + (head * GROUP + g[:, None]) * query_stride_h + d[None, :]
+    queries = tl.load(query_rows, mask=in_group[:, None] & in_dim[None, :], other=0.0)
+    start = split * keys_per_split
+    end = tl.minimum(start + keys_per_split, entries)
+    running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_G], tl.float32)
+    accumulator = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for block_start in range(start, end, BLOCK_N):
+        n = block_start + tl.arange(0, BLOCK_N)
+        in_range = n < end
+        # The new entry's slot is being written by split 0: every split takes it from the step's states.
+        is_new = (n == slot)[:, None]
+        offsets = n.to(tl.int64)[:, None] * HEAD_DIM + d[None, :]
+        if BLOCK_D == HEAD_DIM:  # a mask constant along rows keeps the loads wide
+            load_mask = in_range[:, None]
+        else:
+            load_mask = in_range[:, None] & in_dim[None, :]
+        block_keys = tl.where(is_new, new_key[None, :], tl.load(keys + offsets, mask=load_mask, other=0.0))
+        scores = tl.dot(queries, tl.trans(block_keys), input_precision=PRECISION) * scale
+        scores = tl.where(in_range[None, :], scores, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, 1))
+        rescale = tl.exp(running_max - new_max)
+        weights = tl.exp(scores - new_max[:, None])
+        running_sum = running_sum * rescale + tl.sum(weights, 1)
+        block_values = tl.where(is_new, new_value[None, :], tl.load(values + offsets, mask=load_mask, other=0.0))
+        accumulator = accumulator * rescale[:, None] + tl.dot(weights.to(block_values.dtype), block_values,
+                                                              input_precision=PRECISION)
+        running_max = new_max
+    stats = (segment * splits + split) * GROUP + g
+    tl.store(maxima + stats, running_max, mask=in_group)
+    tl.store(sums + stats, running_sum, mask=in_group)
+    tl.store(partial + stats[:, None] * HEAD_DIM + d[None, :], accumulator,
+             mask=in_group[:, None] & in_dim[None, :])
+    tl.debug_barrier()  # every thread's partial results are stored before the arrival is counted
+    if tl.atomic_add(arrivals + segment, 1, sem="acq_rel") == splits - 1:  # the last split merges
+        tl.debug_barrier()
+        _merge_splits(partial, maxima, sums, output, output_stride_b, output_stride_h, segment, batch_row, head,
+                      splits, GROUP, BLOCK_G, HEAD_DIM, BLOCK_D)
+        tl.store(lengths + segment, length + 1)
+        tl.atomic_xchg(arrivals + segment, 0)
+
+@triton.jit
+def _merge_splits(partial, maxima, sums, output, output_stride_b, output_stride_h, segment, batch_row, head,
+                  splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    in_group, in_dim = g < GROUP, d < HEAD_DIM
+    tile_mask = in_group[:, None] & in_dim[None, :]
+    stats = segment * splits * GROUP + g  # split 0 always holds an entry (the first), so its maximum is finite
+    total_max = tl.load(maxima + stats, mask=in_group, other=0.0)
+    total_sum = tl.load(sums + stats, mask=in_group, other=1.0)
+    total = tl.load(partial + stats[:, None] * HEAD_DIM + d[None, :], mask=tile_mask, other=0.0)
+    for split in range(1, splits):
+        stats = (segment * splits + split) * GROUP + g
+        split_max = tl.load(maxima + stats, mask=in_group, other=float("-inf"))
+        new_max = tl.maximum(total_max, split_max)
+        old_weight, split_weight = tl.exp(total_max - new_max), tl.exp(split_max - new_max)
+        total_sum = total_sum * old_weight + tl.load(sums + stats, mask=in_group, other=0.0) * split_weight
+        split_total = tl.load(partial + stats[:, None] * HEAD_DIM + d[None, :], mask=tile_mask, other=0.0)
+        total = total * old_weight[:, None] + split_total * split_weight[:, None]
+        total_max = new_max
+    rows = output + batch_row * output_stride_b + (head * GROUP + g[:, None]) * output_stride_h + d[None, :]
+    tl.store(rows, (total / total_sum[:, None]).to(output.dtype.element_ty), mask=tile_mask)
