@@ -13,7 +13,7 @@ import time
 import torch
 
 from elastic_attention import detach
-from elastic_attention.backends.tokens import single_query_kernels
+from elastic_attention.cache.token_attention import single_query_kernels
 from elastic_attention.bench.decode import prepare_kind
 from elastic_attention.bench.model import add_model_arguments, build_model
 

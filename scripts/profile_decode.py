@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from elastic_attention import detach
-from elastic_attention.backends.tokens import single_query_kernels
+from elastic_attention.cache.token_attention import single_query_kernels
 from elastic_attention.bench.decode import compile_in_process, prepare_kind
 from elastic_attention.bench.model import add_model_arguments, build_model
 from elastic_attention.integration.attach import is_attached, runtime_of

@@ -85,7 +85,7 @@ def streaming_suffix_case(count: int, sink: int, local: int, head_dim: int, scal
     Returns:
         ((query, sink_key, sink_value, window_key, window_value), expected).
     """
-    from elastic_attention.backends.tokens import token_attention
+    from elastic_attention.cache.token_attention import token_attention
 
     first = sink + local + gap
     query = torch.randn(2, 3, count, head_dim, dtype=torch.float64)
@@ -116,7 +116,7 @@ def fused_decode_case(device: str, dtype: torch.dtype, group: int, head_dim: int
     Returns:
         (actual, expected): [len(lengths), 3 * group, 1, head_dim] float64 on the CPU.
     """
-    from elastic_attention.backends.triton_decode import DecodeSegments, decode_step
+    from elastic_attention.cache.triton_decode import DecodeSegments, decode_step
 
     torch.manual_seed(group * head_dim)
     sink, local, num_kv = 5, 100, 3

@@ -9,7 +9,7 @@ import torch
 from conftest import fused_decode_case, per_sample_routers, tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, attach
-from elastic_attention.backends import triton_decode
+from elastic_attention.cache import triton_decode
 from elastic_attention.integration import runtime_of
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")

@@ -25,7 +25,8 @@ from elastic_attention.patterns.xattention import xattention_block_mask
 
 def expand_to_tokens(tables, layout, sequence, head):
     """Token mask [count, L] of one sequence and head from its block tables (a second, independent expansion)."""
-    (_, _, length, _, count) = layout.spans()[sequence]
+    span = layout.spans()[sequence]
+    length, count = span.key_len, span.query_count
     size = tables.block_size
     first_position = length - count
     mask = torch.zeros(count, length, dtype=torch.bool)

@@ -5,7 +5,7 @@ import torch
 from conftest import per_sample_routers, streaming_suffix_case, tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, InputError, attach, force_routing
-from elastic_attention.backends.tokens import causal_suffix_attention, streaming_suffix_attention, token_attention
+from elastic_attention.cache.token_attention import causal_suffix_attention, streaming_suffix_attention, token_attention
 from elastic_attention.integration import runtime_of
 from elastic_attention.patterns.tokens import token_rule_mask
 

@@ -59,7 +59,7 @@ def test_fused_decode_kernels_match_float64(group, head_dim):
 @pytest.mark.parametrize("count, length", [(777, 777), (1000, 5003), (129, 70001)])
 def test_causal_suffix_attention_on_the_gpu_matches_float64(count, length):
     """The fused chunk path for full-store heads in bf16 (flash on the GPU) against the float64 token rule."""
-    from elastic_attention.backends.tokens import causal_suffix_attention, token_attention
+    from elastic_attention.cache.token_attention import causal_suffix_attention, token_attention
 
     torch.manual_seed(count)
     query = torch.randn(3, 4, count, 128, dtype=torch.float64)
@@ -72,7 +72,7 @@ def test_causal_suffix_attention_on_the_gpu_matches_float64(count, length):
 
 @pytest.mark.parametrize("count, local", [(3001, 2048), (77, 1000)])
 def test_streaming_suffix_attention_on_the_gpu_matches_float64(count, local):
-    from elastic_attention.backends.tokens import streaming_suffix_attention
+    from elastic_attention.cache.token_attention import streaming_suffix_attention
 
     torch.manual_seed(count)
     inputs, expected = streaming_suffix_case(count, sink=128, local=local, head_dim=128, scale=128**-0.5, gap=515)

@@ -8,7 +8,7 @@ transformers' model code, and that its own Triton kernels module is not loaded.
 import subprocess
 import sys
 
-OPTIONAL = ("triton", "flash_attn", "gguf", "matplotlib", "elastic_attention.backends.triton_decode_kernels")
+OPTIONAL = ("triton", "flash_attn", "gguf", "matplotlib", "elastic_attention.cache.triton_decode_kernels")
 
 
 def test_import_loads_no_optional_kernel_library():

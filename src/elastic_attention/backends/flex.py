@@ -67,11 +67,11 @@ class FlexBackend:
         size = tables.block_size
         spans = layout.spans()
         offsets = [first for first, _ in layout.query_positions()]
-        for offset, (_, _, length, _, count) in zip(offsets, spans):
-            if count and offset % size and (offset // size) != (length - 1) // size:
+        for offset, span in zip(offsets, spans):
+            if span.query_count and offset % size and (offset // size) != (span.key_len - 1) // size:
                 raise InputError(
                     f"the flex backend needs query chunks that start on a block boundary or fit in one block; "
-                    f"got queries {offset}..{length - 1} with block size {size}"
+                    f"got queries {offset}..{span.key_len - 1} with block size {size}"
                 )
         aligned = AlignedSequences.gather(query, key, value, layout, size, allow_views=False)
         device = query.device

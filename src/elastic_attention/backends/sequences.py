@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from elastic_attention.patterns import BlockTables, SequenceLayout
+from elastic_attention.patterns import BlockTables, SequenceLayout, SequenceSpan
 
 
 @dataclass
@@ -36,7 +36,7 @@ class AlignedSequences:
     query_offsets: list[int]
     query_counts: list[int]
     copied: bool
-    _spans: list[tuple[int, int, int, int, int]]
+    _spans: list[SequenceSpan]
 
     @classmethod
     def gather(
@@ -54,13 +54,12 @@ class AlignedSequences:
         With ``allow_views=False`` the buffers are always copies padded to whole blocks.
         """
         spans = layout.spans()
-        lengths = [length for _, _, length, _, _ in spans]
-        counts = [count for *_, count in spans]
+        lengths = [span.key_len for span in spans]
+        counts = [span.query_count for span in spans]
         offsets = [length - count for length, count in zip(lengths, counts)]
         in_place = allow_views and (
-            [row for row, *_ in spans] == list(range(layout.batch_size))
-            and all(start == 0 for _, start, _, _, _ in spans)
-            and all(first == 0 for _, _, _, first, _ in spans)
+            [span.row for span in spans] == list(range(layout.batch_size))
+            and all(span.key_start == 0 and span.first_query_row == 0 for span in spans)
             and layout.is_prefill
         )
         if in_place:

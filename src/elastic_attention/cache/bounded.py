@@ -15,7 +15,7 @@ A step's new entries are staged by `update`. A chunk of several tokens writes th
 then attends the whole ring, whose slots then hold exactly its visible window. Full-store heads are appended at once.
 
 A decode step (one new token per sequence) on a CUDA GPU with Triton takes the fused path of
-`backends.triton_decode`: one launch writes the new entries of every sequence and head, one attends them all (plus
+`cache.triton_decode`: one launch writes the new entries of every sequence and head, one attends them all (plus
 the merge of its key splits), whatever the batch size, through a table of the layer's storage addresses that is
 rebuilt only when storage moves (a full store grows, the batch is reordered). Elsewhere, and with
 ``fused_decode=False``, the step runs per sequence in torch, which is also the oracle of the fused path.
@@ -28,13 +28,13 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from elastic_attention.backends.triton_decode import (
+from elastic_attention.cache.triton_decode import (
     DecodeSegments,
     decode_step,
     triton_decode_available,
     write_step_entries,
 )
-from elastic_attention.backends.tokens import (
+from elastic_attention.cache.token_attention import (
     attend_single_query,
     causal_suffix_attention,
     single_query_kernels,
@@ -118,8 +118,8 @@ class ElasticCacheLayer(CacheLayerMixin):
                 "keep the batch rows from prefill to the last step"
             )
         spans = layout.spans()
-        for _, _, length, _, _ in spans:
-            self._check_limit(length)
+        for span in spans:
+            self._check_limit(span.key_len)
         if self._is_fused_decode_step(layout, key_states):
             self._reserve_step()
             self._pending = (key_states, value_states)
@@ -128,9 +128,10 @@ class ElasticCacheLayer(CacheLayerMixin):
             self.physical_length += 1
             return key_states, value_states
         self._segments = None
-        for store, (row, _, length, first_row, count) in zip(self.sequences, spans):
-            new_keys = key_states[row, :, first_row : first_row + count]
-            new_values = value_states[row, :, first_row : first_row + count]
+        for store, span in zip(self.sequences, spans):
+            count = span.query_count
+            new_keys = key_states[span.row, :, span.first_query_row : span.first_query_row + count]
+            new_values = value_states[span.row, :, span.first_query_row : span.first_query_row + count]
             self._append_full(store, new_keys[store.full_heads], new_values[store.full_heads])
             self._staged.append(StagedEntries(new_keys[store.ring_heads], new_values[store.ring_heads], store.length))
             store.length += count

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from elastic_attention.router import is_retrieval
+
 
 @dataclass(frozen=True)
 class RoutingReport:
@@ -33,7 +35,7 @@ class RoutingReport:
     @property
     def decisions(self) -> torch.Tensor:
         """[N, L, Hkv] bool, True where the KV head runs retrieval attention (class 1)."""
-        return self.z.detach() > 0.5
+        return is_retrieval(self.z)
 
     @property
     def esr_last(self) -> torch.Tensor:

@@ -16,13 +16,13 @@ import torch
 from torch import nn
 
 from elastic_attention.backends import AttentionBackend
-from elastic_attention.backends.tokens import token_attention
+from elastic_attention.cache.token_attention import token_attention
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import InputError
 from elastic_attention.integration.families import FamilySpec
 from elastic_attention.integration.report import RoutingReport
 from elastic_attention.patterns import FULL, MODE_CODES, BlockTableBuilder, SequenceLayout, causal_pairs
-from elastic_attention.router import AttentionRouter, boundary_pool
+from elastic_attention.router import AttentionRouter, boundary_pool, is_retrieval
 
 ATTENTION_NAME = "elastic_attention"
 RUNTIME_ATTRIBUTE = "_elastic_runtime"
@@ -171,7 +171,7 @@ class ElasticRuntime:
         z = self.decisions.get(layer_index)
         if z is None or self.config.sparse_mode != "ssa":
             return torch.zeros(num_kv_heads, dtype=torch.bool)
-        return (z[sequence].detach() <= 0.5).cpu()
+        return (~is_retrieval(z[sequence])).cpu()
 
     def after_key_source(self, layer_index: int, output: torch.Tensor) -> None:
         """Forward hook of a routed layer's key source: route at prefill.
@@ -279,15 +279,15 @@ class ElasticRuntime:
             return self._attend(query, key, value, modes, scale, layer_index)
         retrieval = MODE_CODES[self.config.retrieval_mode]
         sparse = MODE_CODES[self.config.sparse_mode]
-        chosen = torch.where(z.detach() > 0.5, retrieval, sparse).long()
+        chosen = torch.where(is_retrieval(z), retrieval, sparse).long()
         if not (z.requires_grad and torch.is_grad_enabled()):
             return self._attend(query, key, value, chosen, scale, layer_index)
         # Training: every head computes both outputs; the straight-through z mixes them and carries the gradient.
         tables_retrieval, pairs_retrieval = self._tables(torch.full_like(chosen, retrieval), query, key, scale)
         tables_sparse, pairs_sparse = self._tables(torch.full_like(chosen, sparse), query, key, scale)
         group = query.shape[1] // key.shape[1]
-        is_retrieval = (chosen == retrieval).repeat_interleave(group, dim=1).to(pairs_retrieval.device)
-        self._record_sparsity(layer_index, torch.where(is_retrieval, pairs_retrieval, pairs_sparse))
+        retrieval_heads = (chosen == retrieval).repeat_interleave(group, dim=1).to(pairs_retrieval.device)
+        self._record_sparsity(layer_index, torch.where(retrieval_heads, pairs_retrieval, pairs_sparse))
         out_retrieval = self.backend.attend(query, key, value, layout, tables_retrieval, scale)
         out_sparse = self.backend.attend(query, key, value, layout, tables_sparse, scale)
         weight = self._per_row_weight(z, query)

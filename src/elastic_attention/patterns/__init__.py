@@ -15,7 +15,7 @@ from elastic_attention.patterns.block_tables import (
     streaming_block_mask,
     tables_from_block_masks,
 )
-from elastic_attention.patterns.layout import SequenceLayout
+from elastic_attention.patterns.layout import SequenceLayout, SequenceSpan
 
 __all__ = [
     "FULL",
@@ -25,6 +25,7 @@ __all__ = [
     "BlockTableBuilder",
     "BlockTables",
     "SequenceLayout",
+    "SequenceSpan",
     "attended_pairs",
     "block_mask_from_tables",
     "build_block_tables",

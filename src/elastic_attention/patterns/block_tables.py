@@ -156,10 +156,10 @@ class BlockTableBuilder:
         size = config.block_size
         self._spans = list(zip(layout.spans(), layout.query_positions()))
         self._bases, first_blocks = [], []
-        for (_, _, length, _, _), (first_pos, _) in self._spans:
+        for span, (first_pos, _) in self._spans:
             first_block = first_pos // size
-            query_blocks = torch.arange(first_block, (length - 1) // size + 1, device=device)
-            num_key_blocks = (length - 1) // size + 1
+            query_blocks = torch.arange(first_block, (span.key_len - 1) // size + 1, device=device)
+            num_key_blocks = (span.key_len - 1) // size + 1
             full = causal_block_mask(query_blocks, num_key_blocks)
             ssa = streaming_block_mask(query_blocks, num_key_blocks, config.sink_blocks, config.local_blocks)
             self._bases.append(torch.stack([full, ssa]))
@@ -218,7 +218,8 @@ class BlockTableBuilder:
             raise InputError("heads on XA need the query and key states to estimate their blocks")
         config, size = self.config, self.config.block_size
         sequences = []
-        for n, (base, ((row, start, length, first_row, count), _)) in enumerate(zip(self._bases, self._spans)):
+        for n, (base, (span, _)) in enumerate(zip(self._bases, self._spans)):
+            row, start, length, first_row, count = span
             patterns = list(base.unbind(0))
             # Pattern 0 is full attention, 1 SSA, 2.. one XA selection per XA head.
             head_pattern = (modes[n] == SSA).long()

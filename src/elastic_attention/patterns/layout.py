@@ -9,10 +9,30 @@ first token, wherever that token sits physically.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from elastic_attention.errors import InputError
+
+
+class SequenceSpan(NamedTuple):
+    """Where one sequence of a forward sits.
+
+    Attributes:
+        row: its batch row.
+        key_start: physical index on the key axis of its first token.
+        key_len: number of keys it has so far (logical positions 0 .. key_len - 1).
+        first_query_row: physical query row of its first query in this forward.
+        query_count: its queries in this forward: query rows [first_query_row, first_query_row + query_count),
+            logical positions ``key_len - query_count .. key_len - 1``.
+    """
+
+    row: int
+    key_start: int
+    key_len: int
+    first_query_row: int
+    query_count: int
 
 
 @dataclass(frozen=True)
@@ -49,12 +69,11 @@ class SequenceLayout:
         """Physical key position of query row 0."""
         return self.kv_len - self.query_len
 
-    def spans(self) -> list[tuple[int, int, int, int, int]]:
-        """Per sequence: (row, key_start, key_len, first query row, number of query rows).
+    def spans(self) -> list[SequenceSpan]:
+        """One `SequenceSpan` per sequence: where its keys and its queries of this forward sit.
 
-        The query rows of sequence n are physical rows [first, first + count) of the query tensor; their logical
-        positions are ``key_len - count .. key_len - 1``. Rows of a batch that belong to no sequence are padding.
-        Computed once per layout (every layer of a forward asks); do not modify the returned list.
+        Rows of a batch that belong to no sequence are padding. Computed once per layout (every layer of a forward
+        asks); do not modify the returned list.
         """
         cached = self.__dict__.get("_spans")
         if cached is not None:
@@ -64,7 +83,7 @@ class SequenceLayout:
             end = start + length
             first_physical = max(start, self.query_offset)
             count = max(0, end - first_physical)
-            result.append((row, start, length, first_physical - self.query_offset, count))
+            result.append(SequenceSpan(row, start, length, first_physical - self.query_offset, count))
         object.__setattr__(self, "_spans", result)  # a cache, not a field: the dataclass is frozen
         return result
 
@@ -72,12 +91,13 @@ class SequenceLayout:
     def is_single_token_step(self) -> bool:
         """True when sequence n lives in batch row n and has exactly one query, the first row (a decode step)."""
         return self.query_len == 1 and all(
-            row == n and first_row == 0 and count == 1 for n, (row, _, _, first_row, count) in enumerate(self.spans())
+            span.row == n and span.first_query_row == 0 and span.query_count == 1
+            for n, span in enumerate(self.spans())
         )
 
     def query_positions(self) -> list[tuple[int, int]]:
         """Per sequence: (first logical query position, number of queries)."""
-        return [(length - count, count) for _, _, length, _, count in self.spans()]
+        return [(span.key_len - span.query_count, span.query_count) for span in self.spans()]
 
     @classmethod
     def dense(cls, batch_size: int, kv_len: int, query_len: int | None = None) -> SequenceLayout:

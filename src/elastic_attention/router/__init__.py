@@ -2,7 +2,14 @@
 
 from elastic_attention.router.pooling import boundary_pool
 from elastic_attention.router.router import AttentionRouter
-from elastic_attention.router.sampling import gumbel_noise, straight_through_decision
+from elastic_attention.router.sampling import gumbel_noise, is_retrieval, straight_through_decision
 from elastic_attention.router.temperature import TemperatureSchedule
 
-__all__ = ["AttentionRouter", "TemperatureSchedule", "boundary_pool", "gumbel_noise", "straight_through_decision"]
+__all__ = [
+    "AttentionRouter",
+    "TemperatureSchedule",
+    "boundary_pool",
+    "gumbel_noise",
+    "is_retrieval",
+    "straight_through_decision",
+]

@@ -38,17 +38,16 @@ def boundary_pool(
     spans = layout.spans()
     if prompt_lengths is not None and (
         len(prompt_lengths) != len(spans)
-        or any(not 1 <= prompt <= span[2] for prompt, span in zip(prompt_lengths, spans))
+        or any(not 1 <= prompt <= span.key_len for prompt, span in zip(prompt_lengths, spans))
     ):
         raise InputError(
             f"prompt_lengths must give one length in [1, sequence length] for each of the {len(spans)} sequences "
-            f"(lengths {[span[2] for span in spans]}), got {list(prompt_lengths)}"
+            f"(lengths {[span.key_len for span in spans]}), got {list(prompt_lengths)}"
         )
     pooled = []
-    for index, (row, start, length, _, _) in enumerate(spans):
-        if prompt_lengths is not None:
-            length = prompt_lengths[index]
-        tokens = keys[row, start : start + length]
+    for index, span in enumerate(spans):
+        length = span.key_len if prompt_lengths is None else prompt_lengths[index]
+        tokens = keys[span.row, span.key_start : span.key_start + length]
         if length > first + last:  # slice before the float32 copy: only first + last tokens are converted
             tokens = torch.cat([tokens[:first], tokens[length - last :]])
         pooled.append(tokens.float().mean(dim=0))

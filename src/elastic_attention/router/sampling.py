@@ -5,6 +5,12 @@ from __future__ import annotations
 import torch
 
 
+def is_retrieval(z: torch.Tensor) -> torch.Tensor:
+    """[...] bool, True where a decision z (1.0 retrieval / full attention, 0.0 sparse) routes to retrieval; the one
+    place that reads decisions as classes."""
+    return z.detach() > 0.5
+
+
 def gumbel_noise(shape: torch.Size, *, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
     """Standard Gumbel(0, 1) samples in float32."""
     uniform = torch.rand(shape, device=device, generator=generator, dtype=torch.float32)

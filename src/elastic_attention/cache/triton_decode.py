@@ -96,7 +96,7 @@ def write_step_entries(new_keys: torch.Tensor, new_values: torch.Tensor, segment
     """
     batch, num_kv, _, head_dim = new_keys.shape
     _check_states(new_keys, new_values, segments, batch * num_kv)
-    from elastic_attention.backends.triton_decode_kernels import write_kernel
+    from elastic_attention.cache.triton_decode_kernels import write_kernel
 
     write_kernel[(segments.num_segments,)](
         new_keys, new_values, new_keys.stride(0), new_keys.stride(1), new_values.stride(0), new_values.stride(1),
@@ -138,7 +138,7 @@ def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.T
     maxima = torch.empty(num_segments, splits, group, device=query.device, dtype=torch.float32)
     sums = torch.empty_like(maxima)
     output = torch.empty_like(query)
-    from elastic_attention.backends.triton_decode_kernels import step_kernel
+    from elastic_attention.cache.triton_decode_kernels import step_kernel
 
     step_kernel[(num_segments, splits)](
         query, query.stride(0), query.stride(1), new_keys, new_values, new_keys.stride(0), new_keys.stride(1),

@@ -1,7 +1,7 @@
-"""The Triton kernels of the fused decode step (`backends.triton_decode` launches them).
+"""The Triton kernels of the fused decode step (`cache.triton_decode` launches them).
 
 Imported only when a fused step runs, so that importing elastic_attention never imports Triton. Segments, slots and
-the merge of key splits are described in `backends.triton_decode`.
+the merge of key splits are described in `cache.triton_decode`.
 """
 
 import triton
