@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 from conftest import tiny_model
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import elastic_attention as ea
 from elastic_attention import AdapterMismatchError, ElasticConfig
@@ -45,17 +45,46 @@ def test_round_trip_restores_routers_and_routing(tmp_path, config):
     assert torch.equal(ea.routing_report(fresh).decisions, expected)
 
 
-def test_loading_onto_an_attached_model_keeps_its_inference_settings(tmp_path):
+def test_routers_never_run_under_settings_they_were_not_trained_with(tmp_path):
     model = ea.attach(tiny_model("llama"), CONFIG)
     ea.save_router(model, tmp_path)
-    other = ElasticConfig(block_size=8, sink_tokens=0, local_tokens=8, xa_stride=4)
-    target = ea.attach(tiny_model("llama"), other)
-    ea.load_router(target, tmp_path)
+    other = dataclasses.replace(CONFIG, sink_tokens=0, local_tokens=24, configuration="fa-xa")
+    target = ea.attach(tiny_model("llama", seed=1), other, backend="reference")
+    before = router_state(target)
+    with pytest.raises(AdapterMismatchError) as refused:
+        ea.load_router(target, tmp_path)
+    message = str(refused.value)
+    for field in ("configuration='fa-ssa'", "sink_tokens=8", "local_tokens=16", "reattach=True"):
+        assert field in message
+    assert "block_size" not in message  # only the fields that differ
     assert ea.integration.runtime_of(target).config == other
-    narrower = ea.attach(tiny_model("llama"), ElasticConfig(block_size=8, sink_tokens=8, local_tokens=8, xa_stride=4,
-                                                            router_width=2))
-    with pytest.raises(AdapterMismatchError, match="router_width"):
-        ea.load_router(narrower, tmp_path)
+    assert all(torch.equal(before[name], value) for name, value in router_state(target).items())
+    ea.load_router(target, tmp_path, reattach=True)
+    runtime = ea.integration.runtime_of(target)
+    assert runtime.config == CONFIG and runtime.backend.name == "reference"
+    for name, value in router_state(model).items():
+        torch.testing.assert_close(router_state(target)[name], value)
+    # The same configuration loads without re-attaching.
+    ea.load_router(target, tmp_path)
+
+
+def test_a_failed_load_leaves_the_model_as_it_was(tmp_path):
+    ea.save_router(ea.attach(tiny_model("llama"), CONFIG), tmp_path)
+    weights = load_file(tmp_path / "router.safetensors")
+    save_file({name: value for name, value in weights.items() if name != "layers.1.router_mlp.4.bias"},
+              tmp_path / "router.safetensors")
+    plain = tiny_model("llama")
+    with pytest.raises(AdapterMismatchError, match="missing \\['layers.1.router_mlp.4.bias'\\]"):
+        ea.load_router(plain, tmp_path)
+    assert not ea.is_attached(plain)
+    other = dataclasses.replace(CONFIG, local_tokens=24)
+    attached = ea.attach(tiny_model("llama", seed=2), other, backend="reference")
+    before = router_state(attached)
+    with pytest.raises(AdapterMismatchError, match="missing"):
+        ea.load_router(attached, tmp_path, reattach=True)
+    runtime = ea.integration.runtime_of(attached)
+    assert runtime.config == other and runtime.backend.name == "reference"
+    assert all(torch.equal(before[name], value) for name, value in router_state(attached).items())
 
 
 def test_adapter_for_another_shape_or_family_is_refused(tmp_path):

@@ -6,6 +6,7 @@ and ``router.safetensors`` (keys ``layers.{i}.task_mlp.*`` and ``layers.{i}.rout
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -18,7 +19,7 @@ from torch import nn
 
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import AdapterMismatchError
-from elastic_attention.integration import attach, is_attached, routers_of
+from elastic_attention.integration import attach, detach, is_attached, routers_of
 from elastic_attention.integration.attach import runtime_of
 from elastic_attention.io import atomic_write_bytes, atomic_write_text
 
@@ -87,17 +88,25 @@ def save_router(model: nn.Module, path: str | Path, state: dict[str, torch.Tenso
     return path
 
 
-def load_router(model: nn.Module, path: str | Path, *, backend: str = "auto") -> nn.Module:
-    """Load routers onto a model, attaching elastic attention first if needed.
+#: What a reference checkpoint's tensors pin down (their other settings live outside the tensors).
+_REFERENCE_FIELDS = ("routed_layers", "router_width")
+
+
+def load_router(model: nn.Module, path: str | Path, *, backend: str = "auto", reattach: bool = False) -> nn.Module:
+    """Load routers onto a model, attaching elastic attention with the adapter's configuration if needed.
 
     ``path`` is an adapter folder written by `save_router`, or a safetensors file / folder of the reference
     implementation holding ``model.layers.{i}.self_attn.mask_allocator.*`` weights.
 
-    If the model is already attached, its configuration stays (the adapter's routed layers and router width must
-    match); otherwise it is attached with the adapter's configuration.
+    Routers never run under settings they were not trained with: onto a model already attached with another
+    configuration (any `ElasticConfig` field of an adapter; routed layers and router width for a reference
+    checkpoint), loading raises naming every field that differs, or, with ``reattach=True``, detaches and attaches
+    again with the adapter's configuration (same backend and cache kind). Either it succeeds or the model is left as
+    it was (attached or not, with its routers' weights).
 
     Raises:
-        AdapterMismatchError: the adapter was made for another family or shape, or holds no router weights.
+        AdapterMismatchError: the adapter was made for another family, shape or configuration, or its weights do not
+            fit the routers.
         FileNotFoundError: nothing at ``path``.
     """
     path = Path(path)
@@ -105,20 +114,52 @@ def load_router(model: nn.Module, path: str | Path, *, backend: str = "auto") ->
         raise FileNotFoundError(f"no router adapter at {path}")
     if path.is_dir() and (path / CONFIG_FILE).exists():
         config, tensors = _read_adapter(model, path)
+        fields = tuple(field.name for field in dataclasses.fields(ElasticConfig))
     else:
         config, tensors = _read_reference(model, path)
+        fields = _REFERENCE_FIELDS
+    previous = None
     if is_attached(model):
-        attached = runtime_of(model).config
-        for field in ("routed_layers", "router_width"):
-            if _routed(getattr(attached, field), model) != _routed(getattr(config, field), model):
-                raise AdapterMismatchError(
-                    f"adapter {field} {getattr(config, field)} does not match the attached model's "
-                    f"{getattr(attached, field)}; detach(model) and load again to use the adapter's configuration"
-                )
+        runtime = runtime_of(model)
+        differences = _differences(runtime.config, config, fields, model)
+        if differences and not reattach:
+            raise AdapterMismatchError(
+                f"the routers at {path} were trained with {', '.join(differences)}; pass reattach=True to attach the "
+                "model with the adapter's configuration, or detach(model) and load again"
+            )
+        if differences:
+            previous = (runtime.config, runtime.backend.name, runtime.cache_kind, router_state_dict(model))
+            detach(model)
+            attach(model, config, backend=previous[1], cache=previous[2])
+        attached_here = bool(differences)
     else:
         attach(model, config, backend=backend)
-    _load_tensors(routers_of(model), tensors, source=path)
+        attached_here = True
+    try:
+        _load_tensors(routers_of(model), tensors, source=path)
+    except BaseException:
+        if attached_here:
+            detach(model)
+            if previous is not None:
+                old_config, old_backend, old_cache, old_state = previous
+                attach(model, old_config, backend=old_backend, cache=old_cache)
+                _load_tensors(routers_of(model), old_state, source=path)
+        raise
     return model
+
+
+def _differences(attached: ElasticConfig, adapter: ElasticConfig, fields: tuple[str, ...], model) -> list[str]:
+    """``"field=adapter (attached: value)"`` for every field in which the two configurations differ."""
+    differences = []
+    for field in fields:
+        ours, theirs = getattr(adapter, field), getattr(attached, field)
+        if field == "routed_layers":
+            ours, theirs = _routed(ours, model), _routed(theirs, model)
+        if ours != theirs:
+            differences.append(
+                f"{field}={getattr(adapter, field)!r} (the model is attached with {getattr(attached, field)!r})"
+            )
+    return differences
 
 
 def _read_adapter(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str, torch.Tensor]]:
