@@ -1,7 +1,8 @@
 """Router adapters: save and load the routers alone (safetensors + JSON), and import the reference's checkpoints.
 
 An adapter folder holds ``elastic_config.json`` (the ElasticConfig and the shape of the model it was trained on)
-and ``router.safetensors`` (keys ``layers.{i}.task_mlp.*`` and ``layers.{i}.router_mlp.*``).
+and ``router.safetensors`` (keys ``layers.{i}.task_mlp.*`` and ``layers.{i}.router_mlp.*``; a standardizing
+router adds ``layers.{i}.feature_mean``, ``layers.{i}.feature_scale`` and ``layers.{i}.head_bias``).
 """
 
 from __future__ import annotations

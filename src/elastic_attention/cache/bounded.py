@@ -15,9 +15,9 @@ A step's new entries are staged by `update`. A chunk of several tokens writes th
 then attends the whole ring, whose slots then hold exactly its visible window. Full-store heads are appended at once.
 
 A decode step (one new token per sequence) on a CUDA GPU with Triton takes the fused path of
-`cache.triton_decode`: one launch writes the new entries of every sequence and head, one attends them all (plus
-the merge of its key splits), whatever the batch size, through a table of the layer's storage addresses that is
-rebuilt only when storage moves (a full store grows, the batch is reordered). Elsewhere, and with
+`cache.triton_decode`: one launch per layer writes the new entries of every sequence and head, attends them all and
+merges its key splits, whatever the batch size, through a table of the layer's storage addresses that is rebuilt
+only when storage moves (a full store grows, the batch is reordered). Elsewhere, and with
 ``fused_decode=False``, the step runs per sequence in torch, which is also the oracle of the fused path.
 """
 

@@ -1,9 +1,14 @@
 """Per-model state of elastic attention, and the attention function registered with transformers.
 
-The model's forward is untouched. Three hooks do the work:
-- before the decoder runs: read the padding mask / packing and the cache, and decide prefill or decode;
-- after each routed layer's key source (k_proj or k_norm): at prefill, pool the pre-RoPE keys and route;
-- the registered attention function: build block tables from the routing and call the backend.
+The model's forward is untouched. Two hooks and one registered function do the work:
+- before the decoder runs (`before_decoder`): read the padding mask / packing and the cache, decide prefill or
+  decode, and give eval-mode caching forwards an `ElasticCache`;
+- after each routed layer's key source (k_proj or k_norm, `after_key_source`): at prefill, pool the pre-RoPE keys
+  and route;
+- the registered attention function (`attention`): at prefill, build block tables from the routing and call the
+  backend (in training, both outputs mixed by the decision); after the prompt, attend through the cache by the
+  token rule;
+- after the decoder (`after_decoder`): keep the routing report of the forward.
 Routing is decided once per prefill and reused by every decode step that follows.
 """
 
