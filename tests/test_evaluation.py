@@ -1,5 +1,6 @@
 """Evaluation on the shipped tiny backbone: runner, head ranking, static routing, the eval CLI."""
 
+import argparse
 import json
 import warnings
 
@@ -125,8 +126,10 @@ def test_task_and_length_arguments():
         resolve_tasks(["needle"])
     assert resolve_tasks(["sensitive"], "code") == ["passkey", "multikey", "find_definition", "variable_chain"]
     assert parse_length("4k") == 4096 and parse_length("3000") == 3000 and parse_length("1m") == 1 << 20
-    with pytest.raises(SystemExit):
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot read length 'four'"):
         parse_length("four")
+    with pytest.raises(argparse.ArgumentTypeError, match="at least 1 token"):
+        parse_length("0")
 
 
 def test_finding_bounds_script_against_hand_computed_values():

@@ -62,9 +62,10 @@ def test_jsonl_rows_and_their_errors(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"context": "c", "question": "q", "answer": "a", "task": "t"}\n')
     assert load_rows(path) == [Row("c", "q", "a", "t")]
-    path.write_text('{"context": "c", "answer": "a", "task": "t"}\n')
-    with pytest.raises(InputError, match=r"lacks the columns \['question'\]"):
+    path.write_text('{"context": "c", "question": "q", "answer": "a", "task": "t"}\n\n{"context": "c", "answer": "a", "task": "t"}\n')
+    with pytest.raises(InputError, match=r"rows.jsonl, line 3: no `question` column"):
         load_rows(path)
+    (tmp_path / "rows.csv").write_text("context,question\n")
     with pytest.raises(InputError, match="unsupported row file"):
         load_rows(tmp_path / "rows.csv")
 

@@ -1,4 +1,9 @@
-"""Command line: `elastic-attention <command>`. Parses arguments and calls the public API; no logic of its own."""
+"""Command line: `elastic-attention <command>`. Parses arguments and calls the public API; no logic of its own.
+
+Every argument is checked before anything is loaded or written. A user error (a bad argument, configuration, file or
+input: the package's own errors, a missing file) ends with exit status 2 and one line on stderr that names the
+problem and the fix; ``--debug`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
@@ -6,32 +11,59 @@ import argparse
 import importlib.util
 import logging
 import sys
+from pathlib import Path
+
+from elastic_attention.errors import ElasticAttentionError, InputError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="elastic-attention", description=__doc__)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "train" and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides += extra  # key=value overrides after --resume or --no-progress
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    try:
+        return run(args)
+    except (ElasticAttentionError, FileNotFoundError) as error:
+        if args.debug:
+            raise
+        message = str(error).strip().splitlines() or [type(error).__name__]
+        print(f"elastic-attention {args.command}: error: {message[0]}", file=sys.stderr)
+        for line in message[1:]:
+            print(f"  {line}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command (argument types validate their values)."""
+    parser = argparse.ArgumentParser(prog="elastic-attention", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="train routers on the shipped tiny backbone and compare routings (CPU)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default="demo_out", help="folder for the plots and numbers")
-    demo.add_argument("--samples", type=int, default=12, help="evaluation rows per (task, length)")
+    demo.add_argument("--samples", type=positive_int, default=12, help="evaluation rows per (task, length)")
 
     evaluate = commands.add_parser("eval", help="evaluate a model on a task suite (synthetic or code)")
     evaluate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
     evaluate.add_argument("--router", help="router adapter folder (needed for the elastic mode)")
-    evaluate.add_argument("--modes", default="full,sparse",
+    evaluate.add_argument("--modes", type=mode_list, default="full,sparse",
                           help="comma list of full, elastic, static, static@MSR (e.g. static@0.7), sparse")
     evaluate.add_argument("--suite", default="synthetic", choices=["synthetic", "code"],
                           help="synthetic (word-level, for the backbones trained here) or code (real Python source)")
     evaluate.add_argument("--tasks", default="all", help="comma list of task names, or all / sensitive / robust")
-    evaluate.add_argument("--lengths", default="2k,4k", help="comma list of prompt lengths, e.g. 2k,4k,8k or 3000")
-    evaluate.add_argument("--samples", type=int, default=20, help="rows per (task, length)")
-    evaluate.add_argument("--static-msr", type=float, help="MSR of the static hybrid (default: elastic's average)")
+    evaluate.add_argument("--lengths", type=length_list, default="2k,4k",
+                          help="comma list of prompt lengths, e.g. 2k,4k,8k or 3000")
+    evaluate.add_argument("--samples", type=positive_int, default=20, help="rows per (task, length)")
+    evaluate.add_argument("--static-msr", type=fraction, help="MSR of the static hybrid (default: elastic's average)")
     evaluate.add_argument("--out", default="eval_out", help="folder for eval.json and accuracy_vs_msr.png")
     evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--batch-size", type=int, default=8)
+    evaluate.add_argument("--batch-size", type=positive_int, default=8)
     evaluate.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     evaluate.add_argument("--dtype", choices=["float32", "bfloat16"],
                           help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
@@ -41,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--router", required=True, help="router adapter folder")
     show.add_argument("--suite", default="code", choices=["synthetic", "code"])
     show.add_argument("--tasks", default="passkey,next_line", help="comma list of task names, or all / sensitive / robust")
-    show.add_argument("--length", default="4k", help="prompt length, e.g. 4k or 3000")
-    show.add_argument("--samples", type=int, default=1, help="rows per task")
+    show.add_argument("--length", type=parse_length, default="4k", help="prompt length, e.g. 4k or 3000")
+    show.add_argument("--samples", type=positive_int, default=1, help="rows per task")
     show.add_argument("--seed", type=int, default=0)
     show.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     show.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
@@ -63,12 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     bench = commands.add_parser("bench", help="GPU benchmarks: bench layer|prefill|decode|train-step [options]")
     bench.add_argument("benchmark", choices=["layer", "prefill", "decode", "train-step"])
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
+    return parser
 
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out a parsed command."""
     for module in ("yaml", "matplotlib") if args.command in ("train", "eval", "demo") else ():
         if importlib.util.find_spec(module) is None:
-            raise SystemExit(f"`elastic-attention {args.command}` needs {module}: pip install 'elastic-attention[train]'")
+            raise InputError(f"`elastic-attention {args.command}` needs {module}: pip install 'elastic-attention[train]'")
     if args.command == "bench":
         module = args.benchmark.replace("-", "_")
         importlib.import_module(f"elastic_attention.bench.{module}").main(args.options)
@@ -87,11 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "eval":
         from elastic_attention.evaluation.pipeline import resolve_tasks, run_eval_command
 
+        tasks = resolve_tasks(_split(args.tasks), args.suite)
+        if "elastic" in args.modes and args.router is None:
+            raise InputError("the elastic mode evaluates trained routers: pass --router ADAPTER_FOLDER")
+        if not Path(args.model).is_dir():
+            raise InputError(f"--model {args.model}: no such folder (a Hugging Face model folder with its tokenizer)")
         print(
             run_eval_command(
-                args.model, router=args.router, modes=_split(args.modes),
-                tasks=resolve_tasks(_split(args.tasks), args.suite),
-                lengths=[parse_length(text) for text in _split(args.lengths)], samples=args.samples, out=args.out,
+                args.model, router=args.router, modes=args.modes, tasks=tasks, lengths=args.lengths,
+                samples=args.samples, out=args.out,
                 static_msr=args.static_msr, seed=args.seed, batch_size=args.batch_size, device=args.device,
                 dtype=args.dtype,
             )
@@ -103,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             run_try_command(
                 args.model, router=args.router, tasks=resolve_tasks(_split(args.tasks), args.suite),
-                length=parse_length(args.length), samples=args.samples, seed=args.seed, device=args.device,
+                length=args.length, samples=args.samples, seed=args.seed, device=args.device,
                 dtype=args.dtype,
             )
         )
@@ -113,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "list":
             print("\n".join(f"{name}: {source.description}" for name, source in KNOWN_MODELS.items()))
         elif args.name is None:
-            raise SystemExit(f"`models fetch` needs a model name; known: {', '.join(KNOWN_MODELS)}")
+            raise InputError(f"`models fetch` needs a model name; known: {', '.join(KNOWN_MODELS)}")
         else:
             out = fetch_model(args.name, args.out or f"artifacts/{args.name}", cache_dir=args.cache, gguf_file=args.gguf)
             print(f"{args.name} is ready at {out}")
@@ -124,12 +162,57 @@ _TOKEN_SUFFIXES = {"k": 1 << 10, "m": 1 << 20}
 
 
 def parse_length(text: str) -> int:
-    """A token count: '4k' -> 4096, '1m' -> 1048576, '3000' -> 3000."""
-    text = text.strip().lower()
+    """A positive token count: '4k' -> 4096, '1m' -> 1048576, '3000' -> 3000.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse turns it into a one-line usage error).
+    """
+    cleaned = text.strip().lower()
     try:
-        return int(text[:-1]) * _TOKEN_SUFFIXES[text[-1]] if text[-1:] in _TOKEN_SUFFIXES else int(text)
+        value = int(cleaned[:-1]) * _TOKEN_SUFFIXES[cleaned[-1]] if cleaned[-1:] in _TOKEN_SUFFIXES else int(cleaned)
     except ValueError:
-        raise SystemExit(f"cannot read length {text!r}: use a token count like 3000, 4k or 1m") from None
+        raise argparse.ArgumentTypeError(f"cannot read length {text!r}: use a token count like 3000, 4k or 1m") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a length must be at least 1 token, got {text!r}")
+    return value
+
+
+def length_list(text: str) -> list[int]:
+    """A comma list of lengths ('2k,4k'), at least one."""
+    lengths = [parse_length(part) for part in _split(text)]
+    if not lengths:
+        raise argparse.ArgumentTypeError(f"no length in {text!r}: give a comma list like 2k,4k")
+    return lengths
+
+
+def mode_list(text: str) -> list[str]:
+    """A comma list of evaluation modes, checked against the known modes."""
+    from elastic_attention.evaluation.runner import check_modes
+
+    try:
+        return check_modes(_split(text))
+    except InputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
 
 
 def _split(text: str) -> list[str]:

@@ -104,8 +104,20 @@ class TrainConfig:
     fsdp_reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
+        _check_types(self, "")
+        _check_types(self.data, "data.")
         if not self.model:
             raise ConfigError("`model` must name the backbone folder")
+        for name in ("router_lr", "multiplier_lr", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0 or (name.endswith("_lr") and getattr(self, name) == 0):
+                bound = "positive" if name.endswith("_lr") else "at least 0"
+                raise ConfigError(f"`{name}` must be {bound}, got {getattr(self, name)}")
+        for name in ("rows", "budget"):
+            if getattr(self.data, name) < 1:
+                raise ConfigError(f"`data.{name}` must be at least 1, got {getattr(self.data, name)}")
+        if not self.data.tasks or not self.data.lengths or any(length < 1 for length in self.data.lengths):
+            raise ConfigError(f"`data.tasks` and `data.lengths` must be non-empty lists of names and positive "
+                              f"token counts, got {list(self.data.tasks)} and {list(self.data.lengths)}")
         for name in ("steps", "packs_per_step"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"`{name}` must be at least 1, got {getattr(self, name)}")
@@ -127,6 +139,12 @@ class TrainConfig:
             missing = sorted(set(self.data.tasks) - set(self.targets))
             if missing:
                 raise ConfigError(f"suite tasks {missing} have no entry in `targets`")
+        if not isinstance(self.elastic, dict):
+            raise ConfigError(f"`elastic` must be a mapping of ElasticConfig fields, got {self.elastic!r}")
+        known = {f.name for f in dataclasses.fields(ElasticConfig)}
+        unknown = sorted(set(self.elastic) - known)
+        if unknown:
+            raise ConfigError(f"unknown `elastic` keys {unknown}; known: {sorted(known)}")
         ElasticConfig(**self.elastic)
 
     @property
@@ -167,6 +185,30 @@ class TrainConfig:
                 target = target.setdefault(parent, {})
             target[leaf] = yaml.safe_load(value)
         return cls.from_dict(data)
+
+
+def _check_types(instance, prefix: str) -> None:
+    """ConfigError naming a field whose value is not of its annotated type (int, float, bool, str, tuple of them)."""
+    expected = {"int": int, "float": (int, float), "bool": bool, "str": str}
+    for item in dataclasses.fields(instance):
+        annotation = item.type if isinstance(item.type, str) else getattr(item.type, "__name__", "")
+        value = getattr(instance, item.name)
+        if annotation.endswith("| None") and value is None:
+            continue
+        base = annotation.removesuffix(" | None")
+        if base in expected:
+            kind = expected[base]
+            wrong = not isinstance(value, kind) or (base != "bool" and isinstance(value, bool))
+            if wrong:
+                raise ConfigError(f"`{prefix}{item.name}` must be {_ARTICLE[base]}, got {value!r}")
+        elif base.startswith("tuple[") and base.endswith(", ...]"):
+            inner = base[len("tuple["): -len(", ...]")]
+            if inner in expected and (not isinstance(value, (tuple, list)) or not all(
+                    isinstance(v, expected[inner]) and not isinstance(v, bool) for v in value)):
+                raise ConfigError(f"`{prefix}{item.name}` must be a list of {inner} values, got {value!r}")
+
+
+_ARTICLE = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
 
 def _build(kind, value, name: str):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,24 +163,51 @@ def load_rows(path: str | Path) -> list[Row]:
     JSONL is read with the standard library; parquet through ``datasets`` (no network: local files only).
 
     Raises:
-        InputError: a missing column, or an unsupported file type.
+        InputError: a missing file, a line that is not a JSON object, a missing or non-string column, or an
+            unsupported file type; the message names the file and the line (JSONL) or record (parquet).
     """
     path = Path(path)
+    if not path.is_file():
+        raise InputError(f"row file {path} does not exist")
     if path.suffix in (".jsonl", ".json"):
-        records: Iterable[dict] = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+        records = list(_jsonl_records(path))
+        where = "line"
     elif path.suffix == ".parquet":
         try:
             from datasets import load_dataset
         except ImportError as error:
             raise InputError("reading parquet needs `datasets`: pip install 'elastic-attention[train]'") from error
-        records = load_dataset("parquet", data_files=str(path), split="train")
+        records = [(number, record) for number, record in
+                   enumerate(load_dataset("parquet", data_files=str(path), split="train"))]
+        where = "record"
     else:
         raise InputError(f"unsupported row file {path.name!r}: use .jsonl or .parquet")
     rows = []
-    for number, record in enumerate(records):
-        missing = [key for key in ("context", "question", "answer", "task") if key not in record]
-        if missing:
-            raise InputError(f"{path.name} record {number} lacks the columns {missing}")
-        rows.append(Row(record["context"], record["question"], record["answer"], record["task"],
-                        record.get("instruction") or ""))
+    for number, record in records:
+        for key in ("context", "question", "answer", "task"):
+            if key not in record:
+                raise InputError(f"{path}, {where} {number}: no `{key}` column (rows need context, question, "
+                                 "answer, task)")
+            if not isinstance(record[key], str):
+                raise InputError(f"{path}, {where} {number}: `{key}` must be a string, got {record[key]!r}")
+        instruction = record.get("instruction")
+        if instruction is not None and not isinstance(instruction, str):
+            raise InputError(f"{path}, {where} {number}: `instruction` must be a string, got {instruction!r}")
+        rows.append(Row(record["context"], record["question"], record["answer"], record["task"], instruction or ""))
+    if not rows:
+        raise InputError(f"{path} holds no rows")
     return rows
+
+
+def _jsonl_records(path: Path):
+    """(line number, object) for every non-empty line of a JSONL file."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path}, line {number}: not JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
+        yield number, record
