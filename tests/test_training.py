@@ -318,3 +318,31 @@ def test_gradient_checkpointing_reproduces_the_router_gradients():
     assert any(g.abs().sum() > 0 for g in gradients[0])
     for plain, recomputed in zip(*gradients):
         torch.testing.assert_close(recomputed, plain, rtol=1e-5, atol=1e-7)
+
+
+def test_a_run_owns_its_folder(tmp_path, random_suite_backbone):
+    """A new run refuses a folder holding another run; --overwrite replaces it whole; --resume refuses a checkpoint
+    made with other settings, naming each; a half-written checkpoint of a killed run is cleared."""
+    from elastic_attention.training import train
+
+    first = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "run", steps=2))
+    train(first, progress=False)
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match="holds another run .*checkpoints, metrics.csv.*--overwrite.*--resume"):
+        train(first, progress=False)
+    staging = run / "checkpoints" / ".staging-leftover"
+    staging.mkdir()
+    other = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "run", steps=3, seed=5,
+                                               elastic={"block_size": 32, "sink_tokens": 0, "local_tokens": 64,
+                                                        "xa_stride": 8}))
+    with pytest.raises(ConfigError) as refused:
+        train(other, resume=True, progress=False)
+    message = str(refused.value)
+    assert "seed: checkpoint 0, now 5" in message and "steps: checkpoint 2, now 3" in message
+    assert "'sink_tokens': 0" in message and "output_dir:" not in message
+    with pytest.raises(ConfigError, match="choose one"):
+        train(first, resume=True, overwrite=True, progress=False)
+    train(other, overwrite=True, progress=False)
+    assert not staging.exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000003"]
+    assert len((run / "metrics.csv").read_text().splitlines()) == 4  # header + the new run's three steps

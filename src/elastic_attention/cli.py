@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("config", help="YAML training config (see configs/)")
     trainer.add_argument("overrides", nargs="*", help="key=value or section.key=value, parsed as YAML")
     trainer.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    trainer.add_argument("--overwrite", action="store_true", help="replace a previous run in the output folder")
     trainer.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     bench = commands.add_parser("bench", help="GPU benchmarks: bench layer|prefill|decode|train-step [options]")
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         from elastic_attention.training import TrainConfig, train
 
         summary = train(TrainConfig.from_yaml(args.config, args.overrides), resume=args.resume,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, overwrite=args.overwrite)
         print(json.dumps({key: summary[key] for key in ("steps", "seconds", "adapter") if key in summary}, indent=2))
     elif args.command == "eval":
         from elastic_attention.evaluation.pipeline import resolve_tasks, run_eval_command

@@ -54,7 +54,7 @@ def run_demo(output_dir: str | Path = "demo_out", seed: int = 0, samples: int = 
     """Train, evaluate, write table/JSON/plots under ``output_dir``; returns the printed report."""
     output_dir = Path(output_dir)
     config = demo_config(output_dir, seed)
-    summary = train(config, progress=progress)
+    summary = train(config, progress=progress, overwrite=True)  # the demo replaces its own previous run
     model, tokenizer = load_backbone(TINY_BACKBONE, "cpu")
     lengths = [DEMO_TRAIN_LENGTH, 2 * DEMO_TRAIN_LENGTH]
     results, context = evaluate_model(

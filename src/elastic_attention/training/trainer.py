@@ -36,6 +36,7 @@ from elastic_attention.training.distributed import (
 )
 from elastic_attention.training.data import IGNORE_INDEX, Pack, Row, encode_row, load_rows, pack_rows
 from elastic_attention.training.objective import SparsityObjective
+from elastic_attention.training.run_folder import check_resumable, claim_run_folder
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +62,13 @@ class RouterTrainer:
 
     # -- setup -------------------------------------------------------------------------------------------------
 
-    def setup(self, resume: bool = False) -> None:
-        """Load the backbone, attach routers, build data, objective and optimizer; resume if asked."""
+    def setup(self, resume: bool = False, overwrite: bool = False) -> None:
+        """Claim the run folder, load the backbone, attach routers, build data, objective and optimizer; resume if
+        asked (see `claim_run_folder`)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         config = self.config
+        claim_run_folder(self.output_dir, resume=resume, overwrite=overwrite, is_main=self.rank == 0)
         self.device = training_device(config.device, self.rank)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         torch.manual_seed(config.seed)
@@ -319,6 +322,7 @@ class RouterTrainer:
             logger.warning("--resume: no checkpoint under %s; starting from step 0", self.output_dir)
             return False
         step, tensors, scalars = found
+        check_resumable(scalars["config"], self.config.to_dict(), self.output_dir / "checkpoints")
         with torch.no_grad():
             for name, parameter in self.model.named_parameters():
                 if parameter.requires_grad:
@@ -402,11 +406,15 @@ class RouterTrainer:
         return SummaryWriter(str(self.output_dir / "tensorboard"), purge_step=self.step + 1)
 
 
-def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
-    """Set up, train, save and clean up: the whole recipe. Returns the run summary."""
+def train(config: TrainConfig, resume: bool = False, progress: bool = True, overwrite: bool = False) -> dict:
+    """Set up, train, save and clean up: the whole recipe. Returns the run summary.
+
+    ``resume`` continues the run in ``config.output_dir`` from its latest checkpoint (the settings must match);
+    ``overwrite`` replaces a previous run there. A folder holding another run is refused otherwise.
+    """
     trainer = RouterTrainer(config, progress=progress)
     try:
-        trainer.setup(resume=resume)
+        trainer.setup(resume=resume, overwrite=overwrite)
         summary = trainer.train()
         if config.checkpoint_every:
             trainer.save_checkpoint()
