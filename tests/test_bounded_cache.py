@@ -107,13 +107,42 @@ def test_memory_is_released_per_sample():
     layer0, layer1 = cache.layers
     for store in layer0.sequences:
         assert store.full_keys.shape[0] == 1 and store.ring_keys.shape[:2] == (1, 24)
-        assert 601 <= store.full_keys.shape[1] <= 601 + 64
+        assert 601 <= store.full_keys.shape[1] <= 601 + 601 // 32 + 1
     for store in layer1.sequences:
         assert store.full_keys.shape[0] == 0 and store.ring_keys.shape[:2] == (2, 24)
     # One head in four keeps everything: the cache is about a quarter of the model's own (2 layers, k and v,
     # 2 samples, 2 KV heads, 601 entries of 16 float32).
     full_cache_bytes = 2 * 2 * 2 * 2 * 601 * 16 * 4
     assert cache.nbytes() < 0.33 * full_cache_bytes
+
+
+@pytest.mark.parametrize("routing", ["sparse", "mixed", "full"])
+def test_the_bounded_cache_never_holds_more_than_the_full_cache(routing):
+    """Short prompts under a window longer than the sequence: rings grow with the sequence (slot p holds position
+    p until the ring is full) instead of holding sink + local slots from the start. Keys and values never exceed the
+    model's own cache by more than the 1/32 kept for coming decode steps (plus one entry); each ring slot also keeps
+    its position (8 bytes)."""
+    wide = ElasticConfig(block_size=8, sink_tokens=128, local_tokens=2048, xa_stride=4)
+    ids, mask = prompt(batch=2, width=50)
+    forced = {"sparse": "sparse", "full": "full", "mixed": torch.tensor([[True, False], [False, True]])}[routing]
+    bounded = attached(config=wide)
+    force_routing(bounded, forced)
+    output = generate(bounded, ids, mask, tokens=20)
+    full = attached(config=wide, cache="full")
+    force_routing(full, forced)
+    reference = generate(full, ids, mask, tokens=20)
+    assert torch.equal(output.sequences, reference.sequences)
+    cache = output.past_key_values
+    stored_entries = sum(store.full_keys.shape[0] * store.full_keys.shape[1]
+                         + store.ring_keys.shape[0] * store.ring_keys.shape[1]
+                         for layer in cache.layers for store in layer.sequences)
+    entries = sum(store.length * (store.full_heads.numel() + store.ring_heads.numel())
+                  for layer in cache.layers for store in layer.sequences)
+    assert entries <= stored_entries <= entries + entries // 32 + 2 * 2 * 2  # + one per (layer, sequence, store)
+    keys_and_values = 2 * stored_entries * 16 * 4
+    full_cache_bytes = sum(layer.keys.numel() + layer.values.numel() for layer in reference.past_key_values.layers) * 4
+    assert keys_and_values <= full_cache_bytes * (1 + 1 / 32) + 2 * 2 * 2 * 2 * 16 * 4
+    assert cache.nbytes() < 1.1 * full_cache_bytes
 
 
 def test_chunked_prefill_routes_on_the_first_chunk_and_equals_the_full_cache():

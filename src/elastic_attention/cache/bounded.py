@@ -6,9 +6,10 @@ Heads on full attention (and XA, which attends every key after the prompt) keep 
 
 Storage is per sequence (one sequence per batch row), so every sample keeps its own routing:
   full store: keys/values [F, capacity, D] for its F retained heads, entries in position order;
-  ring store: keys/values [P, sink_tokens + local_tokens, D] for its P streaming heads, plus the logical position of
-  each slot ([sink + local], -1 when empty). Position p < sink goes to slot p; later positions to slot
-  sink + (p - sink) mod local.
+  ring store: keys/values [P, capacity, D] for its P streaming heads, plus the logical position of each slot
+  ([capacity], -1 when empty). Position p < sink goes to slot p; later positions to slot sink + (p - sink) mod local.
+  A ring grows with its sequence up to sink + local slots (until then slot p holds position p), so no store ever
+  holds more than a full cache of the same sequence would.
 
 A step's new entries are staged by `update`. A chunk of several tokens writes them to the ring after its attention
 (`commit`), so a chunk longer than the window still sees its own earlier tokens; a single-token step writes first and
@@ -286,9 +287,10 @@ class ElasticCacheLayer(CacheLayerMixin):
         return triton_decode_available(key_states.device, key_states.dtype)
 
     def _reserve_step(self) -> None:
-        """Make room for one more entry in every full store; storage that moves invalidates the address table."""
+        """Make room for one more entry in every store; storage that moves invalidates the address table."""
         for store in self.sequences:
-            if self._reserve_full(store, store.length + 1):
+            moved_full = self._reserve_full(store, store.length + 1, spare=True)
+            if self._reserve_ring(store, store.length + 1, spare=True) or moved_full:
                 self._segments = None
         if self._segments is None:
             self._segments = self._build_segments()
@@ -350,6 +352,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         config = self.cache.runtime.config
         sink, local = config.sink_tokens, config.local_tokens
         first = staged.first
+        self._reserve_ring(store, first + count, spare=count == 1)
         if count == 1:
             slot = first if first < sink else sink + (first - sink) % local
             store.ring_keys[:, slot] = staged.keys[:, 0]
@@ -376,25 +379,43 @@ class ElasticCacheLayer(CacheLayerMixin):
         num_kv, head_dim = key_states.shape[1], key_states.shape[3]
         streaming = runtime.streaming_heads(self.layer_index, sequence, num_kv).to(key_states.device)
         full_heads, ring_heads = (~streaming).nonzero().flatten(), streaming.nonzero().flatten()
-        ring_size = runtime.config.sink_tokens + runtime.config.local_tokens
-        new = lambda heads, size: key_states.new_zeros(heads.numel(), size, head_dim)  # noqa: E731
+        new = lambda heads: key_states.new_zeros(heads.numel(), 0, head_dim)  # noqa: E731
         return SequenceStore(
             full_heads=full_heads,
-            full_keys=new(full_heads, 0),
-            full_values=new(full_heads, 0),
+            full_keys=new(full_heads),
+            full_values=new(full_heads),
             ring_heads=ring_heads,
-            ring_keys=new(ring_heads, ring_size),
-            ring_values=new(ring_heads, ring_size),
-            ring_positions=torch.full((ring_size,), -1, dtype=torch.long, device=key_states.device),
+            ring_keys=new(ring_heads),
+            ring_values=new(ring_heads),
+            ring_positions=torch.full((0,), -1, dtype=torch.long, device=key_states.device),
         )
 
+    def _reserve_ring(self, store: SequenceStore, needed: int, *, spare: bool) -> bool:
+        """Room in a sequence's ring for positions ``0 .. needed - 1`` (at most sink + local slots); returns True
+        when its storage moved. Before a ring is full, slot p holds position p, so growing keeps every slot.
+        ``spare`` adds 1/32 for the decode steps to come (see `_capacity`)."""
+        config = self.cache.runtime.config
+        size = config.sink_tokens + config.local_tokens
+        capacity = store.ring_keys.shape[1]
+        if not store.ring_heads.numel() or min(needed, size) <= capacity:
+            return False
+        grown_capacity = min(size, _capacity(needed, spare))
+        for name in ("ring_keys", "ring_values"):
+            old = getattr(store, name)
+            grown = old.new_zeros(old.shape[0], grown_capacity, old.shape[2])
+            grown[:, :capacity] = old
+            setattr(store, name, grown)
+        positions = store.ring_positions.new_full((grown_capacity,), -1)
+        positions[:capacity] = store.ring_positions
+        store.ring_positions = positions
+        return True
+
     @staticmethod
-    def _reserve_full(store: SequenceStore, needed: int) -> bool:
+    def _reserve_full(store: SequenceStore, needed: int, *, spare: bool) -> bool:
         """Room for ``needed`` entries in a sequence's full store; returns True when its storage moved."""
         if not store.full_heads.numel() or needed <= store.full_keys.shape[1]:
             return False
-        # Grow by 1/32 (at least 64 entries): a copy every few dozen steps at long lengths, about 3% spare memory.
-        capacity = needed + max(64, needed // 32)
+        capacity = _capacity(needed, spare)
         for name in ("full_keys", "full_values"):
             old = getattr(store, name)
             grown = old.new_zeros(old.shape[0], capacity, old.shape[2])
@@ -407,7 +428,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         if not store.full_heads.numel():
             return
         needed = store.length + keys.shape[1]
-        cls._reserve_full(store, needed)
+        cls._reserve_full(store, needed, spare=keys.shape[1] == 1)
         store.full_keys[:, store.length : needed] = keys
         store.full_values[:, store.length : needed] = values
 
@@ -459,6 +480,13 @@ class ElasticCache(Cache):
     def nbytes(self) -> int:
         """Bytes held by the stored keys, values and ring positions, all layers."""
         return sum(layer.nbytes() for layer in self.layers)
+
+
+def _capacity(needed: int, spare: bool) -> int:
+    """Entries to allocate for ``needed``: exactly that for a prompt or chunk; for a decode step 1/32 more (at least
+    one), so a store is copied every few dozen steps at long lengths and never holds more than about 3% beyond what
+    a full cache of the same sequence holds."""
+    return needed + (needed // 32 + 1 if spare else 0)
 
 
 def _runtime_of(model):
