@@ -73,6 +73,9 @@ def test_a_failed_load_leaves_the_model_as_it_was(tmp_path):
     weights = load_file(tmp_path / "router.safetensors")
     save_file({name: value for name, value in weights.items() if name != "layers.1.router_mlp.4.bias"},
               tmp_path / "router.safetensors")
+    document = json.loads((tmp_path / "elastic_config.json").read_text())
+    del document["weights_sha256"]  # a consistent adapter that lacks a tensor, not a damaged file
+    (tmp_path / "elastic_config.json").write_text(json.dumps(document))
     plain = tiny_model("llama")
     with pytest.raises(AdapterMismatchError, match="missing \\['layers.1.router_mlp.4.bias'\\]"):
         ea.load_router(plain, tmp_path)
@@ -176,3 +179,33 @@ def test_reference_checkpoint_refusals(tmp_path):
     save_file({"model.embed_tokens.weight": torch.zeros(2, 2)}, tmp_path / "plain.safetensors")
     with pytest.raises(AdapterMismatchError, match="no router weights"):
         ea.load_router(tiny_model("llama"), tmp_path / "plain.safetensors")
+
+
+def test_adapter_files_are_checked_and_named(tmp_path):
+    ea.save_router(ea.attach(tiny_model("llama"), CONFIG), tmp_path)
+    config_path, weights_path = tmp_path / "elastic_config.json", tmp_path / "router.safetensors"
+    assert len(json.loads(config_path.read_text())["weights_sha256"]) == 64
+    good_weights, good_config = weights_path.read_bytes(), config_path.read_text()
+    cases = [
+        (lambda: weights_path.write_bytes(good_weights[:-40]), "router.safetensors does not match the checksum"),
+        (lambda: weights_path.write_bytes(good_weights[:-1] + bytes([good_weights[-1] ^ 1])), "does not match the checksum"),
+        (lambda: config_path.unlink(), "has router.safetensors but no elastic_config.json"),
+        (lambda: config_path.write_text("{not json"), "elastic_config.json is not JSON"),
+        (lambda: config_path.write_text("{}"), "has no `elastic_config` section"),
+        (lambda: weights_path.unlink(), "has no router.safetensors"),
+    ]
+    for damage, message in cases:
+        weights_path.write_bytes(good_weights)
+        config_path.write_text(good_config)
+        damage()
+        model = tiny_model("llama")
+        with pytest.raises(AdapterMismatchError, match=message):
+            ea.load_router(model, tmp_path)
+        assert not ea.is_attached(model)
+    # Without a checksum (an adapter of an earlier release) a truncated file is still named.
+    document = json.loads(good_config)
+    del document["weights_sha256"]
+    config_path.write_text(json.dumps(document))
+    weights_path.write_bytes(good_weights[:-40])
+    with pytest.raises(AdapterMismatchError, match="cannot read .*router.safetensors as safetensors"):
+        ea.load_router(tiny_model("llama"), tmp_path)

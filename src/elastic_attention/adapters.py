@@ -8,6 +8,7 @@ router adds ``layers.{i}.feature_mean``, ``layers.{i}.feature_scale`` and ``laye
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import re
@@ -19,7 +20,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from elastic_attention.config import ElasticConfig
-from elastic_attention.errors import AdapterMismatchError
+from elastic_attention.errors import AdapterMismatchError, ConfigError
 from elastic_attention.integration import attach, detach, is_attached, routers_of
 from elastic_attention.integration.attach import runtime_of
 from elastic_attention.io import atomic_write_bytes, atomic_write_text
@@ -79,11 +80,13 @@ def save_router(model: nn.Module, path: str | Path, state: dict[str, torch.Tenso
     """
     path = Path(path)
     tensors = state if state is not None else router_state_dict(model)
-    atomic_write_bytes(path / WEIGHTS_FILE, safetensors_bytes(tensors, metadata={"format": "elastic-attention"}))
+    weights = safetensors_bytes(tensors, metadata={"format": "elastic-attention"})
+    atomic_write_bytes(path / WEIGHTS_FILE, weights)
     document = {
         "format_version": ADAPTER_FORMAT_VERSION,
         "elastic_config": runtime_of(model).config.to_dict(),
         "model": model_signature(model),
+        "weights_sha256": hashlib.sha256(weights).hexdigest(),
     }
     atomic_write_text(path / CONFIG_FILE, json.dumps(document, indent=2, sort_keys=True))
     return path
@@ -113,6 +116,11 @@ def load_router(model: nn.Module, path: str | Path, *, backend: str = "auto", re
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no router adapter at {path}")
+    if path.is_dir() and (path / WEIGHTS_FILE).exists() and not (path / CONFIG_FILE).exists():
+        raise AdapterMismatchError(
+            f"adapter folder {path} has {WEIGHTS_FILE} but no {CONFIG_FILE}: save_router writes both; copy the "
+            "whole folder"
+        )
     if path.is_dir() and (path / CONFIG_FILE).exists():
         config, tensors = _read_adapter(model, path)
         fields = tuple(field.name for field in dataclasses.fields(ElasticConfig))
@@ -164,7 +172,13 @@ def _differences(attached: ElasticConfig, adapter: ElasticConfig, fields: tuple[
 
 
 def _read_adapter(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str, torch.Tensor]]:
-    document = json.loads((path / CONFIG_FILE).read_text())
+    config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
+    try:
+        document = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise AdapterMismatchError(f"{config_path} is not JSON ({error}); the adapter folder is damaged") from None
+    if not isinstance(document, dict) or "elastic_config" not in document:
+        raise AdapterMismatchError(f"{config_path} has no `elastic_config` section; it was not written by save_router")
     version = document.get("format_version")
     if version != ADAPTER_FORMAT_VERSION:
         raise AdapterMismatchError(
@@ -178,10 +192,35 @@ def _read_adapter(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str
                 f"adapter at {path} was saved for {field}={saved.get(field)!r}, but this model has "
                 f"{field}={expected!r}"
             )
-    config = ElasticConfig.from_dict(document["elastic_config"])
-    with safe_open(str(path / WEIGHTS_FILE), framework="pt") as file:
-        tensors = {name: file.get_tensor(name) for name in file.keys()}
-    return config, tensors
+    try:
+        config = ElasticConfig.from_dict(document["elastic_config"])
+    except (ConfigError, TypeError) as error:
+        raise AdapterMismatchError(f"{config_path}: its `elastic_config` is not valid ({error})") from None
+    if not weights_path.is_file():
+        raise AdapterMismatchError(f"adapter folder {path} has no {WEIGHTS_FILE}")
+    expected = document.get("weights_sha256")
+    if expected is not None and _sha256(weights_path) != expected:
+        raise AdapterMismatchError(
+            f"{weights_path} does not match the checksum in {config_path}: the file is damaged or was replaced"
+        )
+    return config, _read_safetensors(weights_path)
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file; an unreadable file raises AdapterMismatchError naming it."""
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            return {name: file.get_tensor(name) for name in file.keys()}
+    except Exception as error:  # safetensors raises its own SafetensorError and plain OSErrors
+        raise AdapterMismatchError(f"cannot read {path} as safetensors ({error}); the file is damaged") from None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _read_reference(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str, torch.Tensor]]:
@@ -190,14 +229,13 @@ def _read_reference(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[s
         raise AdapterMismatchError(f"{path} holds neither an elastic adapter ({CONFIG_FILE}) nor safetensors files")
     tensors, ignored = {}, []
     for file_path in files:
-        with safe_open(str(file_path), framework="pt") as file:
-            for name in file.keys():
-                match = _REFERENCE_KEY.search(name)
-                if match:
-                    layer, part, index, kind = match.groups()
-                    tensors[f"layers.{layer}.{_REFERENCE_PARTS[part]}.{index}.{kind}"] = file.get_tensor(name)
-                elif ".mask_allocator." in name:
-                    ignored.append(name)
+        for name, tensor in _read_safetensors(file_path).items():
+            match = _REFERENCE_KEY.search(name)
+            if match:
+                layer, part, index, kind = match.groups()
+                tensors[f"layers.{layer}.{_REFERENCE_PARTS[part]}.{index}.{kind}"] = tensor
+            elif ".mask_allocator." in name:
+                ignored.append(name)
     if not tensors:
         raise AdapterMismatchError(
             f"{path} holds no router weights: expected an elastic adapter folder or reference keys like "

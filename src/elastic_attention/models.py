@@ -123,6 +123,8 @@ def fetch_model(
     verify_checksum(source, gguf)
     _require_gguf_reader()
     out.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in out.parent.glob(f".{out.name}.*"):  # staging folders of a killed fetch
+        shutil.rmtree(leftover, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     staging.chmod(0o755)
     try:

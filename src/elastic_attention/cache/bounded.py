@@ -453,6 +453,9 @@ class ElasticCache(Cache):
     def __init__(self, model, max_length: int | None = None, fused_decode: bool = True) -> None:
         from elastic_attention.integration.runtime import ElasticRuntime
 
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                       or max_length < 1):
+            raise InputError(f"`max_length` must be a positive number of tokens or None, got {max_length!r}")
         runtime = model if isinstance(model, ElasticRuntime) else _runtime_of(model)
         self.runtime = runtime
         self.max_length = max_length

@@ -15,6 +15,7 @@ Routing is decided once per prefill and reused by every decode step that follows
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any
 
 import torch
@@ -28,6 +29,8 @@ from elastic_attention.integration.families import FamilySpec
 from elastic_attention.integration.report import RoutingReport
 from elastic_attention.patterns import FULL, MODE_CODES, BlockTableBuilder, SequenceLayout, causal_pairs
 from elastic_attention.router import AttentionRouter, boundary_pool, is_retrieval
+
+logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "elastic_attention"
 RUNTIME_ATTRIBUTE = "_elastic_runtime"
@@ -90,6 +93,7 @@ class ElasticRuntime:
         self.previous_implementation: str | None = None
         self.requires_grad_before: dict[str, bool] = {}
         self.handles: list = []
+        self._warned_train_mode_caching = False
 
     # -- hooks ---------------------------------------------------------------------------------------------------
 
@@ -107,6 +111,10 @@ class ElasticRuntime:
         batch_size, query_len = inputs.shape[0], inputs.shape[1]
         cache = bound.get("past_key_values", bound.get("cache"))
         past = int(cache.get_seq_length()) if cache is not None else 0
+        if decoder.training and (bound.get("use_cache") or past) and not self._warned_train_mode_caching:
+            self._warned_train_mode_caching = True
+            logger.warning("elastic attention: the model is in train() mode, so routing samples Gumbel noise (another "
+                           "routing at every call) and runs both outputs; call model.eval() to generate")
         replaced = self._choose_cache(decoder, bound, cache, past, kwargs)
         mask = bound.get("attention_mask")
         position_ids = bound.get("position_ids")

@@ -144,6 +144,11 @@ class SequenceLayout:
         if empty:
             raise InputError(f"attention_mask rows {empty} have no tokens; drop empty samples from the batch")
         holes = ((key_end - key_start) != key_len).nonzero().flatten().tolist()
+        if holes and query_len is not None and query_len < kv_len:
+            raise InputError(
+                f"attention_mask rows {holes} continue a right-padded prompt: the new tokens come after the padding. "
+                "Pad on the left to generate or to continue a cached prompt (tokenizer.padding_side = 'left')"
+            )
         if holes:
             raise InputError(
                 f"attention_mask rows {holes} mark tokens that are not one contiguous span; "
@@ -164,6 +169,10 @@ class SequenceLayout:
 
         Args:
             position_ids: [B, S] int, positions restarting at 0 for each packed sequence.
+
+        Raises:
+            InputError: a sequence that does not start at 0 (positions that skip, e.g. ``arange * 2``, or start
+                late) or packed sequences of one token (e.g. all zeros), which are not packing but a mistake.
         """
         if position_ids.ndim != 2:
             raise InputError(f"position_ids must be [batch, tokens], got shape {tuple(position_ids.shape)}")
@@ -175,6 +184,21 @@ class SequenceLayout:
         rows, starts = starts_new.nonzero(as_tuple=True)
         ends = torch.cat([starts[1:], torch.tensor([length])])
         ends = torch.where(torch.cat([rows[1:] != rows[:-1], torch.tensor([True])]), length, ends)
+        first_positions = positions[rows, starts]
+        late = (first_positions != 0).nonzero().flatten()
+        single = ((ends - starts == 1) & (rows.bincount(minlength=batch_size)[rows] > 1)).nonzero().flatten()
+        if late.numel() or single.numel():
+            index = int(late[0] if late.numel() else single[0])
+            row, column = int(rows[index]), int(starts[index])
+            shown = positions[row, max(0, column - 3) : column + 3].tolist()
+            problem = (f"row {row} has position {int(first_positions[index])} at column {column}, which neither "
+                       f"follows its predecessor nor restarts at 0" if late.numel() else
+                       f"row {row} holds one-token sequences from column {column}")
+            raise InputError(
+                "position_ids must count 0, 1, 2, ... along each row, or restart at 0 for each packed sequence of "
+                f"two tokens or more; {problem} (positions {shown} around it). For padded batches pass the "
+                "attention_mask; otherwise pass no position_ids"
+            )
         return cls(
             row=rows.to(torch.int64),
             key_start=starts.to(torch.int64),
