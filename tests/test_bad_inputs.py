@@ -1,0 +1,138 @@
+"""Bad input, table-driven: each case names the error class and a fragment of its message.
+
+The CLI cases check the user-facing contract: exit status 2 and one line on stderr naming the problem (no
+traceback), before anything is loaded or written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+
+import elastic_attention as ea
+from elastic_attention import ConfigError, ElasticConfig, InputError, UnsupportedModelError
+from elastic_attention.cli import main as cli_main
+from elastic_attention.patterns import SequenceLayout
+from elastic_attention.training import TrainConfig
+from elastic_attention.training.data import load_rows
+
+TINY_SUITE = str(Path(__file__).resolve().parents[1] / "configs" / "tiny_suite.yaml")
+SMALL = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
+
+
+def attached():
+    return ea.attach(tiny_model("llama"), SMALL, backend="reference")
+
+
+def generate(model, ids, mask):
+    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
+
+
+def right_padded_generate():
+    ids = torch.randint(3, 90, (2, 20))
+    mask = torch.ones_like(ids)
+    mask[1, -5:] = 0
+    generate(attached(), ids, mask)
+
+
+def forward(position_ids):
+    model = attached()
+    with torch.no_grad():
+        model(torch.randint(3, 90, position_ids.shape), position_ids=position_ids, use_cache=False)
+
+
+def train_config(*overrides):
+    return TrainConfig.from_yaml(TINY_SUITE, list(overrides))
+
+
+def rows_file(tmp_path, text):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(text)
+    return load_rows(path)
+
+
+GOOD_ROW = '{"context": "c", "question": "q", "answer": "a", "task": "t"}\n'
+
+CASES = {
+    "sink not a multiple of the block": (lambda tmp: ElasticConfig(sink_tokens=100), ConfigError,
+                                         "multiple of `block_size` (128), got 100"),
+    "unknown configuration": (lambda tmp: ElasticConfig(configuration="fa"), ConfigError, "`configuration`"),
+    "unknown elastic key": (lambda tmp: train_config("elastic.sinks=3"), ConfigError, "unknown `elastic` keys"),
+    "steps not a number": (lambda tmp: train_config("steps=abc"), ConfigError, "`steps` must be an integer"),
+    "negative learning rate": (lambda tmp: train_config("router_lr=-1"), ConfigError, "`router_lr` must be positive"),
+    "no rows": (lambda tmp: train_config("data.rows=0"), ConfigError, "`data.rows` must be at least 1"),
+    "attached twice": (lambda tmp: ea.attach(attached(), SMALL), UnsupportedModelError, "already attached"),
+    "unknown cache kind": (lambda tmp: ea.attach(tiny_model("llama"), SMALL, cache="big"), ConfigError,
+                           "cache must be 'bounded' or 'full'"),
+    "negative cache length": (lambda tmp: ea.ElasticCache(attached(), max_length=-3), InputError,
+                              "`max_length` must be a positive"),
+    "positions that skip": (lambda tmp: forward(torch.arange(12)[None] * 2), InputError,
+                            "position 2 at column 1"),
+    "positions all zero": (lambda tmp: forward(torch.zeros(1, 12, dtype=torch.long)), InputError,
+                           "one-token sequences"),
+    "positions that start late": (lambda tmp: forward(torch.arange(12)[None] + 5), InputError,
+                                  "position 5 at column 0"),
+    "a 4D mask": (lambda tmp: SequenceLayout.from_padding_mask(torch.ones(1, 1, 4, 4)), InputError,
+                  "2D padding mask"),
+    "an empty row": (lambda tmp: SequenceLayout.from_padding_mask(torch.tensor([[1, 1], [0, 0]])), InputError,
+                     "rows [1] have no tokens"),
+    "right padding at generate": (lambda tmp: right_padded_generate(), InputError, "Pad on the left"),
+    "a row file line that is not JSON": (lambda tmp: rows_file(tmp, GOOD_ROW + "{oops\n"), InputError,
+                                         "rows.jsonl, line 2: not JSON"),
+    "a null context": (lambda tmp: rows_file(tmp, '{"context": null, "question": "q", "answer": "a", "task": "t"}'),
+                       InputError, "line 1: `context` must be a string, got None"),
+    "a missing row file": (lambda tmp: load_rows(tmp / "none.jsonl"), InputError, "does not exist"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_is_refused_with_a_named_error(name, tmp_path):
+    call, error, fragment = CASES[name]
+    with pytest.raises(error) as raised:
+        call(tmp_path)
+    assert fragment in str(raised.value)
+
+
+CLI_CASES = {
+    "zero samples": (["eval", "--model", "x", "--samples", "0"], "--samples: expected a positive integer, got '0'"),
+    "zero batch size": (["eval", "--model", "x", "--batch-size", "0"], "--batch-size: expected a positive integer"),
+    "a mode typo": (["eval", "--model", "x", "--modes", "Full"], "unknown evaluation modes ['Full']"),
+    "no tasks": (["eval", "--model", "x", "--tasks", ","], "no tasks given"),
+    "a bad length": (["eval", "--model", "x", "--lengths", "4kk"], "cannot read length '4kk'"),
+    "elastic without routers": (["eval", "--model", "x", "--modes", "elastic"], "pass --router"),
+    "a missing model": (["eval", "--model", "no/such/model"], "no such folder"),
+    "a bad override": (["train", TINY_SUITE, "steps=abc"], "`steps` must be an integer"),
+    "an unknown elastic key": (["train", TINY_SUITE, "--resume", "elastic.sinks=3"],
+                               "unknown `elastic` keys ['sinks']"),
+    "fetch without a name": (["models", "fetch"], "needs a model name"),
+}
+
+
+@pytest.mark.parametrize("name", CLI_CASES)
+def test_cli_user_errors_are_one_line_and_exit_2(name, capsys):
+    arguments, fragment = CLI_CASES[name]
+    try:
+        status = cli_main(arguments)
+    except SystemExit as exit_:  # argparse's own usage errors
+        status = exit_.code
+    assert status == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert fragment in error[-1] and "Traceback" not in "\n".join(error)
+
+
+def test_cli_debug_shows_the_traceback():
+    with pytest.raises(ConfigError, match="`steps` must be an integer"):
+        cli_main(["--debug", "train", TINY_SUITE, "steps=abc"])
+
+
+def test_eval_refuses_before_writing(tmp_path):
+    out = tmp_path / "eval_out"
+    out.mkdir()
+    (out / "eval.json").write_text(json.dumps({"results": ["kept"]}))
+    with pytest.raises(SystemExit):
+        cli_main(["eval", "--model", "x", "--modes", "Full", "--out", str(out)])
+    assert json.loads((out / "eval.json").read_text()) == {"results": ["kept"]}
