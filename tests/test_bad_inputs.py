@@ -86,7 +86,18 @@ CASES = {
     "a null context": (lambda tmp: rows_file(tmp, '{"context": null, "question": "q", "answer": "a", "task": "t"}'),
                        InputError, "line 1: `context` must be a string, got None"),
     "a missing row file": (lambda tmp: load_rows(tmp / "none.jsonl"), InputError, "does not exist"),
+    "a truncated checkpoint": (lambda tmp: truncated_checkpoint(tmp), ConfigError,
+                               "step-000003 cannot be read"),
 }
+
+
+def truncated_checkpoint(tmp_path):
+    from elastic_attention.training.checkpoint import load_latest, save_checkpoint
+
+    folder = save_checkpoint(tmp_path / "checkpoints", 3, {"x": torch.ones(4)}, {"history": []})
+    state = folder / "state.safetensors"
+    state.write_bytes(state.read_bytes()[:-8])
+    load_latest(tmp_path / "checkpoints")
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -136,3 +147,37 @@ def test_eval_refuses_before_writing(tmp_path):
     with pytest.raises(SystemExit):
         cli_main(["eval", "--model", "x", "--modes", "Full", "--out", str(out)])
     assert json.loads((out / "eval.json").read_text()) == {"results": ["kept"]}
+
+
+def test_a_second_thread_in_the_middle_of_a_forward_gets_a_clear_error():
+    """Thread B starts a forward while thread A's is between two layers: A's next layer refuses, naming the cause."""
+    import threading
+
+    model = attached()
+    ids = torch.randint(3, 90, (1, 24))
+    runtime = ea.integration.runtime_of(model)
+    layer0 = model.model.layers[0].self_attn
+    started, errors = threading.Event(), []
+
+    def pause_after_first_layer(module, args, output):
+        if threading.current_thread().name == "A" and not started.is_set():
+            started.set()
+            other = threading.Thread(target=lambda: model(ids, use_cache=False), name="B")
+            other.start()
+            other.join()
+
+    handle = layer0.register_forward_hook(pause_after_first_layer)
+
+    def run_a():
+        try:
+            with torch.no_grad():
+                model(ids, use_cache=False)
+        except InputError as error:
+            errors.append(str(error))
+
+    first = threading.Thread(target=run_a, name="A")
+    first.start()
+    first.join()
+    handle.remove()
+    assert errors and "one attached model serves one forward at a time" in errors[0]
+    assert runtime.forward_thread is not None

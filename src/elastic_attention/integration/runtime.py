@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -94,6 +95,8 @@ class ElasticRuntime:
         self.requires_grad_before: dict[str, bool] = {}
         self.handles: list = []
         self._warned_train_mode_caching = False
+        #: The thread whose forward the runtime's state belongs to (set by `before_decoder`).
+        self.forward_thread: int | None = None
 
     # -- hooks ---------------------------------------------------------------------------------------------------
 
@@ -146,6 +149,7 @@ class ElasticRuntime:
             # Kept for the whole forward and its backward (a recomputed layer pools the same tokens).
             self.prompt_lengths, self.next_prompt_lengths = self.next_prompt_lengths, None
         self.layout = layout
+        self.forward_thread = threading.get_ident()
         return (args, kwargs) if replaced else None
 
     def _choose_cache(self, decoder: nn.Module, bound: dict, cache, past: int, kwargs: dict) -> bool:
@@ -242,6 +246,12 @@ class ElasticRuntime:
         scaling: float | None,
     ) -> torch.Tensor:
         """Hybrid attention of one layer: [B, Hq, S_q, D] in, [B, Hq, S_q, D] out."""
+        # In eval mode only: in training, a checkpointed layer is recomputed on the autograd engine's thread.
+        if not module.training and threading.get_ident() != self.forward_thread:
+            raise InputError(
+                "another thread started a forward of this model while this one was running: one attached model "
+                "serves one forward at a time; use one model (attached separately) per thread"
+            )
         layout = self.layout
         # With a bounded cache, a step after the prompt receives only its own new keys; the rest is in the cache.
         bounded = layout is not None and self.cache is not None and not layout.is_prefill

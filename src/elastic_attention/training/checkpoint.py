@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from elastic_attention.errors import ConfigError
 from elastic_attention.io import atomic_write_text
 
 LATEST = "latest"
@@ -36,13 +37,24 @@ def save_checkpoint(directory: Path, step: int, tensors: dict[str, torch.Tensor]
 
 
 def load_latest(directory: Path) -> tuple[int, dict[str, torch.Tensor], dict[str, Any]] | None:
-    """(step, tensors, scalars) of the newest checkpoint under ``directory``, or None when there is none."""
+    """(step, tensors, scalars) of the newest checkpoint under ``directory``, or None when there is none.
+
+    Raises:
+        ConfigError: the checkpoint that ``latest`` names cannot be read (the message names it and the way out).
+    """
     pointer = directory / LATEST
     if not pointer.exists():
         return None
     folder = directory / pointer.read_text().strip()
-    scalars = json.loads((folder / "state.json").read_text())
-    return int(scalars.pop("step")), load_file(folder / "state.safetensors"), scalars
+    try:
+        scalars = json.loads((folder / "state.json").read_text())
+        tensors = load_file(folder / "state.safetensors")
+    except Exception as error:  # a missing, truncated or foreign file: name it
+        raise ConfigError(
+            f"the latest checkpoint {folder} cannot be read ({error}); remove it and point {pointer} at an earlier "
+            "step-NNNNNN folder, or start the run again with --overwrite"
+        ) from None
+    return int(scalars.pop("step")), tensors, scalars
 
 
 def flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
