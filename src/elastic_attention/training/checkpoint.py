@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,25 +10,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from elastic_attention.errors import ConfigError
-from elastic_attention.io import atomic_write_text
+from elastic_attention.io import atomic_folder, atomic_write_text
 
 LATEST = "latest"
 
 
 def save_checkpoint(directory: Path, step: int, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> Path:
     """Write ``directory/step-NNNNNN`` through a temporary folder and a rename, then point ``latest`` at it."""
-    directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{step:06d}"
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=directory))
-    try:
+    with atomic_folder(final, ".staging-") as staging:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, staging / "state.safetensors")
         (staging / "state.json").write_text(json.dumps({"step": step, **scalars}, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     atomic_write_text(directory / LATEST, final.name)
     return final
 
