@@ -155,3 +155,20 @@ def test_finding_bounds_script_against_hand_computed_values():
     assert values["elastic_sensitive_loss"] == pytest.approx(0.9 - 0.875)
     met = ("met_sensitive", "met_robust", "met_gap", "met_average", "met_static_loses_more")
     assert all(values[key] for key in met)
+
+
+def test_generate_command_prints_the_continuation_and_the_routing(tmp_path, capsys):
+    import elastic_attention as ea
+
+    model, _ = load_backbone(TINY_BACKBONE, "cpu")
+    ea.attach(model, ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8))
+    ea.save_router(model, tmp_path / "router")
+    prompt = generate("needle_single", 300, 0, 1)[0].prompt
+    (tmp_path / "prompt.txt").write_text(prompt)
+    assert cli_main(["generate", "--model", str(TINY_BACKBONE), "--router", str(tmp_path / "router"),
+                     "--file", str(tmp_path / "prompt.txt"), "--max-new-tokens", "3", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "routing of the prompt: MSR" in printed and printed.count("  layer ") == 4
+    assert cli_main(["generate", "--model", str(TINY_BACKBONE), "--prompt", prompt, "--max-new-tokens", "2",
+                     "--device", "cpu"]) == 0
+    assert "no router given" in capsys.readouterr().out

@@ -79,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     show.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
 
+    generate = commands.add_parser("generate", help="continue a prompt of your own; print the continuation and routing")
+    generate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
+    generate.add_argument("--router", help="router adapter folder (without: the unmodified model)")
+    source = generate.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the prompt text")
+    source.add_argument("--file", help="a UTF-8 text file holding the prompt")
+    generate.add_argument("--max-new-tokens", type=positive_int, default=64)
+    generate.add_argument("--raw", action="store_true", help="no chat template: feed the text as it is")
+    generate.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    generate.add_argument("--dtype", choices=["float32", "bfloat16"])
+
     models = commands.add_parser("models", help="pretrained models fetched as an install step: list | fetch NAME")
     models.add_argument("action", choices=["list", "fetch"])
     models.add_argument("name", nargs="?", help="the model to fetch (see `models list`)")
@@ -144,6 +155,18 @@ def run(args: argparse.Namespace) -> int:
                 args.model, router=args.router, tasks=resolve_tasks(_split(args.tasks), args.suite),
                 length=args.length, samples=args.samples, seed=args.seed, device=args.device,
                 dtype=args.dtype,
+            )
+        )
+    elif args.command == "generate":
+        from elastic_attention.evaluation.showcase import run_generate_command
+
+        if not Path(args.model).is_dir():
+            raise InputError(f"--model {args.model}: no such folder (a Hugging Face model folder with its tokenizer)")
+        prompt = Path(args.file).read_text(encoding="utf-8") if args.file else args.prompt
+        print(
+            run_generate_command(
+                args.model, router=args.router, prompt=prompt, max_new_tokens=args.max_new_tokens, chat=not args.raw,
+                device=args.device, dtype=args.dtype,
             )
         )
     elif args.command == "models":

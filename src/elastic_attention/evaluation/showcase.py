@@ -1,8 +1,9 @@
-"""`elastic-attention try`: a model with its routers answers a few suite rows; print answers and routing.
+"""First looks at a model with its routers, on any machine (a CPU included).
 
-For a first look on any machine (a CPU included): one row at a time, greedy, with the row's answer, the model's
-prediction, its score, the MSR and ESR of the row, and the routing per layer (``F`` full attention, ``s`` sparse, one
-letter per KV head).
+- `elastic-attention try`: the model answers a few suite rows, one at a time, greedy; prints each row's answer, the
+  prediction, its score, the MSR and ESR of the row and the routing per layer (``F`` full attention, ``s`` sparse,
+  one letter per KV head).
+- `elastic-attention generate`: continues one prompt of your own and prints the continuation and its routing.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from elastic_attention.adapters import load_router
 from elastic_attention.evaluation.pipeline import load_backbone
 from elastic_attention.evaluation.runner import evaluate_rows
 from elastic_attention.evaluation.suites import suite_of
+from elastic_attention.chat import encode_prompt
+from elastic_attention.errors import InputError
 from elastic_attention.integration import routing_report
 
 
@@ -54,3 +57,44 @@ def run_try_command(
                 *routing_lines(result["decisions"][0], routing_report(model).layers),
             ]
     return "\n".join(lines)
+
+
+def run_generate_command(
+    model_dir: str,
+    *,
+    router: str | None,
+    prompt: str,
+    max_new_tokens: int,
+    chat: bool,
+    device: str | None,
+    dtype: str | None,
+) -> str:
+    """Greedy continuation of ``prompt`` (rendered as a user turn when ``chat`` and the tokenizer has a template);
+    returns the printed report: the continuation, then the prompt's routing (or a line saying there is none)."""
+    import torch
+
+    if not prompt:
+        raise InputError("the prompt is empty: pass --prompt TEXT or --file F with some text")
+    model, tokenizer = load_backbone(model_dir, device, dtype)
+    if router is not None:
+        load_router(model, router)
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = encode_prompt(tokenizer, prompt)
+    else:
+        ids = tokenizer.encode(prompt)
+    device_of = next(model.parameters()).device
+    input_ids = torch.tensor([ids], device=device_of)
+    started = time.perf_counter()
+    with torch.no_grad():
+        tokens = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                                do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    seconds = time.perf_counter() - started
+    continuation = tokenizer.decode(tokens[0, len(ids):], skip_special_tokens=True)
+    lines = [continuation, "", f"{len(ids)} prompt tokens, {tokens.shape[1] - len(ids)} new, {seconds:.1f} s"]
+    if router is None:
+        lines.append("no router given: the unmodified model (full attention everywhere)")
+        return "\n".join(lines)
+    report = routing_report(model)
+    lines.append(f"routing of the prompt: MSR {float(report.msr[0]):.2f}, ESR last {float(report.esr_last[0]):.2f}, "
+                 f"ESR mean {float(report.esr_mean[0]):.2f}")
+    return "\n".join(lines + routing_lines(report.decisions[0], report.layers))
