@@ -20,6 +20,7 @@ from elastic_attention.integration import (
     routers_of,
     routing_report,
 )
+from elastic_attention.pretrained import from_pretrained, save_pretrained
 from elastic_attention.router import AttentionRouter
 
 __version__ = "0.1.0"
@@ -38,9 +39,11 @@ __all__ = [
     "attach",
     "detach",
     "force_routing",
+    "from_pretrained",
     "is_attached",
     "load_router",
     "routers_of",
     "routing_report",
+    "save_pretrained",
     "save_router",
 ]

@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import re
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
+from elastic_attention import reference_format
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import AdapterMismatchError, ConfigError
 from elastic_attention.integration import attach, detach, is_attached, routers_of
@@ -31,12 +31,6 @@ CONFIG_FILE = "elastic_config.json"
 WEIGHTS_FILE = "router.safetensors"
 ADAPTER_FORMAT_VERSION = 1
 
-#: The reference implementation's router modules: model.layers.{i}.self_attn.mask_allocator.<part>.<index>.<param>
-_REFERENCE_KEY = re.compile(
-    r"(?:^|\.)layers\.(\d+)\.self_attn\.mask_allocator\.(cls_feat_extractor|cls_router_head_agnostic)\.(\d+)\."
-    r"(weight|bias)$"
-)
-_REFERENCE_PARTS = {"cls_feat_extractor": "task_mlp", "cls_router_head_agnostic": "router_mlp"}
 
 
 def model_signature(model: nn.Module) -> dict[str, object]:
@@ -145,14 +139,14 @@ def load_router(model: nn.Module, path: str | Path, *, backend: str = "auto", re
         attach(model, config, backend=backend)
         attached_here = True
     try:
-        _load_tensors(routers_of(model), tensors, source=path)
+        load_router_tensors(routers_of(model), tensors, source=path)
     except BaseException:
         if attached_here:
             detach(model)
             if previous is not None:
                 old_config, old_backend, old_cache, old_state = previous
                 attach(model, old_config, backend=old_backend, cache=old_cache)
-                _load_tensors(routers_of(model), old_state, source=path)
+                load_router_tensors(routers_of(model), old_state, source=path)
         raise
     return model
 
@@ -223,18 +217,25 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _read_reference(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str, torch.Tensor]]:
+def read_reference_routers(model: nn.Module, path: Path) -> tuple[dict[str, torch.Tensor], int, tuple[int, ...] | None]:
+    """Router tensors of the authors' layout at ``path`` (one safetensors file or a folder of shards), renamed to
+    ours, with the router width and the routed layers they imply; their tensors that inference does not need are
+    named in one log line.
+
+    Raises:
+        AdapterMismatchError: no router tensors, or tensors that do not fit this model's shape.
+    """
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
     if not files:
         raise AdapterMismatchError(f"{path} holds neither an elastic adapter ({CONFIG_FILE}) nor safetensors files")
     tensors, ignored = {}, []
     for file_path in files:
         for name, tensor in _read_safetensors(file_path).items():
-            match = _REFERENCE_KEY.search(name)
+            match = reference_format.ROUTER_KEY.search(name)
             if match:
                 layer, part, index, kind = match.groups()
-                tensors[f"layers.{layer}.{_REFERENCE_PARTS[part]}.{index}.{kind}"] = tensor
-            elif ".mask_allocator." in name:
+                tensors[f"layers.{layer}.{reference_format.PARTS[part]}.{index}.{kind}"] = tensor
+            elif reference_format.UNUSED_KEY.search(name):
                 ignored.append(name)
     if not tensors:
         raise AdapterMismatchError(
@@ -242,7 +243,8 @@ def _read_reference(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[s
             "model.layers.0.self_attn.mask_allocator.cls_feat_extractor.0.weight"
         )
     if ignored:
-        logger.warning("ignored reference router tensors that have no counterpart here: %s", sorted(ignored))
+        logger.warning("ignored %d tensors of the authors' layout that inference does not need: %s", len(ignored),
+                       ", ".join(sorted(ignored)))
     layers = sorted({int(name.split(".")[1]) for name in tensors})
     first = tensors[f"layers.{layers[0]}.task_mlp.0.weight"]
     hidden, head_dim = first.shape
@@ -260,7 +262,12 @@ def _read_reference(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[s
             f"{signature['num_hidden_layers']} layers"
         )
     routed = None if len(layers) == signature["num_hidden_layers"] else tuple(layers)
-    return ElasticConfig(router_width=hidden // head_dim, routed_layers=routed), tensors
+    return tensors, hidden // head_dim, routed
+
+
+def _read_reference(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str, torch.Tensor]]:
+    tensors, width, routed = read_reference_routers(model, path)
+    return ElasticConfig(router_width=width, routed_layers=routed), tensors
 
 
 def _routed(value, model: nn.Module):
@@ -269,7 +276,12 @@ def _routed(value, model: nn.Module):
     return value
 
 
-def _load_tensors(routers: dict, tensors: dict[str, torch.Tensor], source: Path) -> None:
+def load_router_tensors(routers: dict, tensors: dict[str, torch.Tensor], source: Path) -> None:
+    """Copy ``tensors`` (keys ``layers.{i}.<name>``) into ``routers`` ({layer: router}), all or nothing.
+
+    Raises:
+        AdapterMismatchError: a missing, unexpected or misshapen tensor (checked before anything is copied).
+    """
     expected = {
         f"layers.{index}.{name}": parameter
         for index, router in routers.items()
