@@ -346,3 +346,43 @@ def test_a_run_owns_its_folder(tmp_path, random_suite_backbone):
     assert not staging.exists()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000003"]
     assert len((run / "metrics.csv").read_text().splitlines()) == 4  # header + the new run's three steps
+
+
+def test_rows_in_the_authors_layout_load_as_their_training_reads_them(tmp_path, random_suite_backbone):
+    """A parquet in their layout (metadata as a dict and as a dict literal, their task classes) becomes rows with
+    their task names, order and wording; their target table covers every class; the rows train."""
+    import ast
+    import json
+
+    from datasets import Dataset
+
+    from elastic_attention.training import train
+    from elastic_attention.training.data import REFERENCE_TARGETS
+
+    records = [
+        {"context": "\ufeffthe cat sees a dog .", "question": "question : what is the value of k3 ?",
+         "answer": "v4", "metadata": {"task": "Single QA", "is_prefix": True, "length": 30}},
+        {"context": "the dog sees a cat .", "question": "question : what is the value of k5 ?", "answer": "v6",
+         "metadata": str({"task": "Summarization", "is_prefix": False, "length": 30})},
+        {"context": "a b c", "question": "d", "answer": "e", "metadata": {"task": "Math", "is_prefix": False}},
+    ]
+    path = tmp_path / "theirs.parquet"  # a parquet column holds one type: the dicts written as literals
+    Dataset.from_list([{**r, "metadata": str(r["metadata"])} for r in records]).to_parquet(path)
+    rows = load_rows(path)
+    as_dicts = tmp_path / "theirs.jsonl"
+    literal = ast.literal_eval
+    as_dicts.write_text("".join(json.dumps({**r, "metadata": literal(r["metadata"]) if isinstance(r["metadata"], str)
+                                            else r["metadata"]}) + "\n" for r in records))
+    assert load_rows(as_dicts) == rows
+    assert [row.task for row in rows] == ["Single QA", "Summarization", "Other"]
+    assert rows[0].prompt == "question : what is the value of k3 ?\nthe cat sees a dog ."
+    assert rows[1].prompt.startswith("You are given several news passages.") and rows[1].prompt.endswith("Summary:")
+    assert set(row.task for row in rows) <= set(REFERENCE_TARGETS)
+    (tmp_path / "bad.jsonl").write_text('{"context": "c", "question": "q", "answer": "a", "metadata": "{oops"}\n')
+    with pytest.raises(InputError, match="bad.jsonl, line 1: `metadata` is neither a dict nor a dict literal"):
+        load_rows(tmp_path / "bad.jsonl")
+    config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "theirs", steps=2,
+                                                data={"source": str(path), "budget": 600},
+                                                targets=dict(REFERENCE_TARGETS), checkpoint_every=0))
+    summary = train(config, progress=False)
+    assert summary["steps"] == 2

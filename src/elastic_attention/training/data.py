@@ -160,7 +160,9 @@ def _make_pack(rows: list[EncodedRow], answer_only: bool) -> Pack:
 def load_rows(path: str | Path) -> list[Row]:
     """Rows from a local JSONL or parquet file (columns context, question, answer, task, optional instruction).
 
-    JSONL is read with the standard library; parquet through ``datasets`` (no network: local files only).
+    Rows in the authors' layout (context, question, answer, metadata: a dict, or that dict written as a Python
+    literal, with ``task`` and ``is_prefix``) are read as their training reads them (`_reference_row`). JSONL is read
+    with the standard library; parquet through ``datasets`` (no network: local files only).
 
     Raises:
         InputError: a missing file, a line that is not a JSON object, a missing or non-string column, or an
@@ -184,6 +186,9 @@ def load_rows(path: str | Path) -> list[Row]:
         raise InputError(f"unsupported row file {path.name!r}: use .jsonl or .parquet")
     rows = []
     for number, record in records:
+        if "task" not in record and "metadata" in record:
+            rows.append(_reference_row(record, f"{path}, {where} {number}"))
+            continue
         for key in ("context", "question", "answer", "task"):
             if key not in record:
                 raise InputError(f"{path}, {where} {number}: no `{key}` column (rows need context, question, "
@@ -197,6 +202,46 @@ def load_rows(path: str | Path) -> list[Row]:
     if not rows:
         raise InputError(f"{path} holds no rows")
     return rows
+
+
+#: The task classes of the authors' training data, and their target MSR (their trainer's table: robust classes 1.0,
+#: QA 0.6, anything else the QA target). `configs/reference_rows.yaml` uses it.
+REFERENCE_TARGETS = {"Single QA": 0.6, "MultiHop QA": 0.6, "Summarization": 1.0, "Code": 1.0,
+                     "In-Context Learning": 1.0, "Other": 0.6}
+_REFERENCE_INSTRUCTIONS = {
+    "Summarization": ("You are given several news passages. Write a one-page summary of all news.", "Summary:"),
+    "Code": ("Please complete the code given below.", ""),
+}
+
+
+def _reference_row(record: dict, where: str) -> Row:
+    """A row of the authors' layout: task and order from ``metadata``; their fixed wording for summarization and code.
+
+    ``is_prefix`` (default true) puts the question before the context; a task outside their five classes is
+    ``Other`` (their default).
+    """
+    import ast
+
+    metadata = record["metadata"]
+    if isinstance(metadata, str):
+        try:
+            metadata = ast.literal_eval(metadata)
+        except (ValueError, SyntaxError):
+            raise InputError(f"{where}: `metadata` is neither a dict nor a dict literal: {metadata[:80]!r}") from None
+    if not isinstance(metadata, dict):
+        raise InputError(f"{where}: `metadata` must be a dict, got {type(metadata).__name__}")
+    for key in ("context", "question", "answer"):
+        if not isinstance(record.get(key), str):
+            raise InputError(f"{where}: `{key}` must be a string, got {record.get(key)!r}")
+    clean = {key: record[key].replace("\ufeff", "").strip() for key in ("context", "question", "answer")}
+    task = metadata.get("task", "Other")
+    task = task if task in REFERENCE_TARGETS else "Other"
+    prefix, suffix = _REFERENCE_INSTRUCTIONS.get(task, ("", ""))
+    if metadata.get("is_prefix", True):
+        instruction = "\n".join(part for part in (prefix, clean["question"]) if part)
+        return Row(clean["context"], suffix, clean["answer"], task, instruction)
+    question = "\n".join(part for part in (clean["question"], suffix) if part)
+    return Row(clean["context"], question, clean["answer"], task, prefix)
 
 
 def _jsonl_records(path: Path):
