@@ -6,6 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch is installed first and only when the venv has none: a bare `torch` requirement would pull a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# The lm-eval extra lets the tests run lm-evaluation-harness end to end (tests/test_harness.py).
 # Triton runs the fused decode kernels' tests on the CPU through its interpreter (tests/test_triton_interpreter.py);
 # installed only where none is (a CUDA torch brings its own) and where wheels exist (Linux x86_64).
 TRITON_SPEC ?= triton==3.6.0
@@ -19,7 +20,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,train]"
+	$(PY) -m pip install -q -e ".[dev,train,lm-eval]"
 	$(PY) -c "import triton" 2>/dev/null || [ "$$(uname -sm)" != "Linux x86_64" ] || $(PY) -m pip install -q "$(TRITON_SPEC)"
 	touch $@
 

@@ -17,6 +17,9 @@ from elastic_attention.errors import ElasticAttentionError, InputError
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:  # everything after it is lm_eval's (argparse would read its options as ours)
+        return run_lm_eval(argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "train" and all("=" in item and not item.startswith("-") for item in extra):
@@ -89,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--raw", action="store_true", help="no chat template: feed the text as it is")
     generate.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     generate.add_argument("--dtype", choices=["float32", "bfloat16"])
+
+    harness = commands.add_parser("lm-eval", help="run lm-evaluation-harness with the elastic-attention model type",
+                                  add_help=False)
+    harness.add_argument("arguments", nargs=argparse.REMAINDER, help="lm_eval's own arguments")
 
     models = commands.add_parser("models", help="pretrained models fetched as an install step: list | fetch NAME")
     models.add_argument("action", choices=["list", "fetch"])
@@ -179,6 +186,23 @@ def run(args: argparse.Namespace) -> int:
         else:
             out = fetch_model(args.name, args.out or f"artifacts/{args.name}", cache_dir=args.cache, gguf_file=args.gguf)
             print(f"{args.name} is ready at {out}")
+    return 0
+
+
+def run_lm_eval(arguments: list[str]) -> int:
+    """lm-evaluation-harness's command line with the ``elastic-attention`` model type registered."""
+    try:
+        import elastic_attention.harness  # noqa: F401  (registers the model type)
+    except InputError as error:
+        print(f"elastic-attention lm-eval: error: {error}", file=sys.stderr)
+        return 2
+    from lm_eval.__main__ import cli_evaluate
+
+    saved, sys.argv = sys.argv, ["lm_eval", *arguments]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
     return 0
 
 
