@@ -16,7 +16,7 @@ from elastic_attention.errors import BackendUnavailableError
 logger = logging.getLogger(__name__)
 
 #: Backends that can be asked for by name, fastest first ("auto" takes the first that can run here).
-BACKEND_NAMES = ("fa4", "flex", "reference")
+BACKEND_NAMES = ("fa4", "flex", "cpu", "reference")
 
 _AUTO_CHOICE_LOGGED = False
 
@@ -25,7 +25,7 @@ def get_backend(name: str = "auto") -> AttentionBackend:
     """The backend called ``name``; ``"auto"`` picks one that can run here and logs its choice once.
 
     ``auto``: ``fa4`` on a Hopper-or-newer GPU with flash-attn-4 installed, else ``flex`` on any CUDA GPU, else
-    ``reference`` (CPU: compiled FlexAttention on CPU is slower than the reference there).
+    ``cpu`` (SDPA over the attended blocks only; compiled FlexAttention is slower on a CPU).
 
     Raises:
         BackendUnavailableError: ``name`` is unknown or cannot run here (the message says why).
@@ -48,6 +48,10 @@ def get_backend(name: str = "auto") -> AttentionBackend:
         return backend
     if name == "reference":
         return ReferenceBackend()
+    if name == "cpu":
+        from elastic_attention.backends.cpu_blocks import CPUBlockBackend
+
+        return CPUBlockBackend()
     if name == "flex":
         from elastic_attention.backends.flex import FlexBackend
 

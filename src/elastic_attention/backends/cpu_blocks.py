@@ -1,0 +1,103 @@
+"""CPU backend: each head computes only the key blocks it attends, through torch's SDPA kernels.
+
+Per sequence, the query heads are grouped by block pattern (all the heads of a mode share one for FA and SSA; XA
+heads have their own selections). A pattern that is full causal attention runs as one causal SDPA call (torch's
+CPU flash kernel skips the blocks above the diagonal); any other pattern (SSA, XA) runs per chunk of query blocks,
+over the union of the key blocks that chunk attends (for SSA: the sink and the window), gathered and masked to the
+pattern inside. Nothing of size S x S is built, and nothing outside the attended blocks is computed but the chunk's
+slack. `backend="auto"` picks it on a CPU; the `reference` backend stays the oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from elastic_attention.patterns import BlockTables, SequenceLayout, block_mask_from_tables
+
+#: Query tokens per chunk of a sparse pattern (rounded to whole blocks): small enough that the union of the key
+#: blocks a chunk attends stays close to what its rows attend, large enough to amortise a call.
+_CHUNK_TOKENS = 512
+
+
+class CPUBlockBackend:
+    """Block-sparse attention from block tables through SDPA calls over the attended blocks only."""
+
+    name = "cpu"
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        layout: SequenceLayout,
+        tables: BlockTables,
+        scale: float,
+    ) -> torch.Tensor:
+        output = torch.zeros_like(query)
+        group = query.shape[1] // key.shape[1]
+        size = tables.block_size
+        for n, span in enumerate(layout.spans()):
+            if span.query_count == 0:
+                continue
+            length, count = span.key_len, span.query_count
+            num_key_blocks = (length - 1) // size + 1
+            block_mask = block_mask_from_tables(tables, n, num_key_blocks)  # [Hq, R, Kb]
+            patterns, head_pattern = torch.unique(block_mask, dim=0, return_inverse=True)
+            first_block = int(tables.first_query_block[n])
+            first_position = length - count
+            rows_physical = slice(span.first_query_row, span.first_query_row + count)
+            keys = key[span.row, :, span.key_start : span.key_start + length]
+            values = value[span.row, :, span.key_start : span.key_start + length]
+            for index, pattern in enumerate(patterns):
+                heads = (head_pattern == index).nonzero().flatten()
+                queries = query[span.row, heads, rows_physical]  # [h, count, D]
+                head_keys, head_values = keys[heads // group], values[heads // group]
+                if _is_causal(pattern, first_block):
+                    attended = _causal(queries, head_keys, head_values, scale)
+                else:
+                    attended = _sparse(queries, head_keys, head_values, pattern, first_block, first_position, size,
+                                       scale)
+                output[span.row, heads, rows_physical] = attended
+        return output
+
+
+def _is_causal(pattern: torch.Tensor, first_block: int) -> bool:
+    """Whether a [R, Kb] block pattern is exactly full causal attention for rows from ``first_block``."""
+    rows = torch.arange(first_block, first_block + pattern.shape[0], device=pattern.device)[:, None]
+    return bool(torch.equal(pattern, torch.arange(pattern.shape[1], device=pattern.device)[None, :] <= rows))
+
+
+def _causal(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of the last ``count`` positions over all keys ([h, count, D] x [h, L, D])."""
+    if queries.shape[1] == keys.shape[1]:
+        return F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale)
+    bias = causal_lower_right(queries.shape[1], keys.shape[1])
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=scale)
+
+
+def _sparse(queries, keys, values, pattern, first_block: int, first_position: int, size: int, scale: float):
+    """A non-causal pattern per chunk of query blocks, over the union of the key blocks each chunk attends."""
+    length = keys.shape[1]
+    output = torch.empty_like(queries)
+    rows_per_chunk = max(1, _CHUNK_TOKENS // size)
+    device = pattern.device
+    for chunk in range(0, pattern.shape[0], rows_per_chunk):
+        rows = pattern[chunk : chunk + rows_per_chunk]  # [r, Kb]
+        used = rows.any(dim=0).nonzero().flatten()  # key blocks attended by some row of the chunk
+        key_positions = (used[:, None] * size + torch.arange(size, device=device)[None, :]).flatten()
+        key_positions = key_positions[key_positions < length]
+        lo = max(first_position, (first_block + chunk) * size)
+        hi = min(length, (first_block + chunk + rows.shape[0]) * size)
+        query_positions = torch.arange(lo, hi, device=device)
+        allowed = rows[(query_positions // size) - (first_block + chunk)][:, key_positions // size]
+        allowed &= key_positions[None, :] <= query_positions[:, None]
+        local = slice(lo - first_position, hi - first_position)
+        attended = F.scaled_dot_product_attention(
+            queries[:, local], keys[:, key_positions], values[:, key_positions], attn_mask=allowed, scale=scale,
+        )
+        # A query row with no attended key (impossible under the patterns here: the diagonal block is always
+        # attended) would come out NaN; keep the zeros of the reference there.
+        output[:, local] = attended.nan_to_num(0.0)
+    return output
