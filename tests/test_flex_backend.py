@@ -85,3 +85,33 @@ def test_attached_model_gives_the_same_logits_with_flex_and_reference():
             logits[backend] = model(ids, attention_mask=mask).logits
     torch.testing.assert_close(logits["flex"][0], logits["reference"][0], atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(logits["flex"][1, 13:], logits["reference"][1, 13:], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("width, block", [(77, 16), (129, 32), (300, 64)])
+def test_full_blocks_are_wholly_visible_and_only_the_diagonal_is_cut(width, block):
+    """Brute force on token masks: every block the split passes as full is visible at every (query, key) pair of
+    the sequence; the partial block of a row is its diagonal."""
+    from elastic_attention.backends.flex import split_diagonal
+    from elastic_attention.backends.sequences import fit_tables
+
+    config = ElasticConfig(configuration="fa-xa", block_size=block, sink_tokens=block, local_tokens=2 * block,
+                           xa_stride=4)
+    mask = torch.ones(2, width, dtype=torch.bool)
+    mask[1, : width // 3] = False
+    layout = SequenceLayout.from_padding_mask(mask)
+    query, key = torch.randn(2, 4, width, 16), torch.randn(2, 2, width, 16)
+    modes = torch.tensor([[0, 2], [2, 0]])
+    tables = build_block_tables(layout, modes, config, 4, query=query, key=key, scale=0.25)
+    blocks = (width - 1) // block + 1
+    counts, index = fit_tables(tables, blocks, blocks)
+    partial_counts, partial_index, full_counts, full_index = split_diagonal(counts, index, tables.first_query_block)
+    for n, span in enumerate(layout.spans()):
+        positions = torch.arange(span.key_len)
+        for head in range(4):
+            for row in range(int(tables.num_rows[n])):
+                assert int(partial_counts[n, head, row]) == 1 and int(partial_index[n, head, row, 0]) == row
+                queries = positions[row * block : (row + 1) * block]
+                for kb in full_index[n, head, row, : int(full_counts[n, head, row])].tolist():
+                    keys = positions[kb * block : (kb + 1) * block]
+                    assert kb < row and bool((keys[None, :] <= queries[:, None]).all())
+                assert int(full_counts[n, head, row]) + 1 == int(counts[n, head, row])

@@ -18,7 +18,7 @@ from elastic_attention.patterns import BlockTables, SequenceLayout, block_mask_f
 
 #: Query tokens per chunk of a sparse pattern (rounded to whole blocks): small enough that the union of the key
 #: blocks a chunk attends stays close to what its rows attend, large enough to amortise a call.
-_CHUNK_TOKENS = 512
+_CHUNK_TOKENS = 256
 
 
 class CPUBlockBackend:
@@ -52,14 +52,19 @@ class CPUBlockBackend:
             values = value[span.row, :, span.key_start : span.key_start + length]
             for index, pattern in enumerate(patterns):
                 heads = (head_pattern == index).nonzero().flatten()
-                queries = query[span.row, heads, rows_physical]  # [h, count, D]
-                head_keys, head_values = keys[heads // group], values[heads // group]
+                if heads.numel() == query.shape[1]:  # one pattern for every head: views, no copies
+                    heads = slice(None)
+                    queries = query[span.row : span.row + 1, :, rows_physical]
+                    head_keys, head_values, gqa = keys[None], values[None], group > 1
+                else:
+                    queries = query[span.row, heads, rows_physical][None]  # [1, h, count, D]
+                    head_keys, head_values, gqa = _head_states(heads, keys, values, group)
                 if _is_causal(pattern, first_block):
-                    attended = _causal(queries, head_keys, head_values, scale)
+                    attended = _causal(queries, head_keys, head_values, scale, gqa)
                 else:
                     attended = _sparse(queries, head_keys, head_values, pattern, first_block, first_position, size,
-                                       scale)
-                output[span.row, heads, rows_physical] = attended
+                                       scale, gqa)
+                output[span.row, heads, rows_physical] = attended[0]
         return output
 
 
@@ -69,17 +74,31 @@ def _is_causal(pattern: torch.Tensor, first_block: int) -> bool:
     return bool(torch.equal(pattern, torch.arange(pattern.shape[1], device=pattern.device)[None, :] <= rows))
 
 
-def _causal(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of the last ``count`` positions over all keys ([h, count, D] x [h, L, D])."""
-    if queries.shape[1] == keys.shape[1]:
-        return F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale)
-    bias = causal_lower_right(queries.shape[1], keys.shape[1])
-    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=scale)
+def _head_states(heads: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: int):
+    """Keys and values [1, h_kv, L, D] for query heads ``heads`` (ascending) and whether they are shared by groups
+    (``enable_gqa``): whole KV groups read their KV heads once; other sets get one copy per query head."""
+    kv_heads = heads // group
+    if heads.numel() % group == 0 and torch.equal(heads, (kv_heads.view(-1, group)[:, :1] * group
+                                                          + torch.arange(group, device=heads.device)).flatten()):
+        shared = kv_heads[::group]
+        return keys[shared][None], values[shared][None], group > 1
+    return keys[kv_heads][None], values[kv_heads][None], False
 
 
-def _sparse(queries, keys, values, pattern, first_block: int, first_position: int, size: int, scale: float):
-    """A non-causal pattern per chunk of query blocks, over the union of the key blocks each chunk attends."""
-    length = keys.shape[1]
+def _causal(queries, keys, values, scale: float, gqa: bool) -> torch.Tensor:
+    """Causal attention of the last ``count`` positions over all keys ([1, h, count, D] x [1, h_kv, L, D]); 4D
+    states keep torch's fused CPU kernel (3D ones fall back to the one that materializes every score)."""
+    if queries.shape[2] == keys.shape[2]:
+        return F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
+    bias = causal_lower_right(queries.shape[2], keys.shape[2])
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=scale, enable_gqa=gqa)
+
+
+def _sparse(queries, keys, values, pattern, first_block: int, first_position: int, size: int, scale: float,
+            gqa: bool):
+    """A non-causal pattern per chunk of query blocks, over the union of the key blocks each chunk attends
+    ([1, h, count, D] x [1, h_kv, L, D])."""
+    length = keys.shape[2]
     output = torch.empty_like(queries)
     rows_per_chunk = max(1, _CHUNK_TOKENS // size)
     device = pattern.device
@@ -95,9 +114,10 @@ def _sparse(queries, keys, values, pattern, first_block: int, first_position: in
         allowed &= key_positions[None, :] <= query_positions[:, None]
         local = slice(lo - first_position, hi - first_position)
         attended = F.scaled_dot_product_attention(
-            queries[:, local], keys[:, key_positions], values[:, key_positions], attn_mask=allowed, scale=scale,
+            queries[:, :, local], keys[:, :, key_positions], values[:, :, key_positions], attn_mask=allowed,
+            scale=scale, enable_gqa=gqa,
         )
         # A query row with no attended key (impossible under the patterns here: the diagonal block is always
         # attended) would come out NaN; keep the zeros of the reference there.
-        output[:, local] = attended.nan_to_num(0.0)
+        output[:, :, local] = attended.nan_to_num(0.0)
     return output

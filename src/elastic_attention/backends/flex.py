@@ -2,9 +2,10 @@
 
 Each sequence is gathered into its own batch row of a left-aligned buffer (logical position p at index p - offset),
 so the kernel's block grid is the sequences' logical block grid whatever the padding or packing. The BlockMask comes
-from the tables with `BlockMask.from_kv_blocks` (no per-position mask is materialized); its mask_mod adds causality
-and the sequence end. Every listed block is treated as partial (masked); marking interior blocks full is a later
-optimisation.
+from the tables with `BlockMask.from_kv_blocks` (no per-position mask is materialized). Only the diagonal block of
+a query block is cut (causality, and the sequence end, which falls in the last query block's diagonal); every other
+attended block lies wholly before the queries and is passed as a full block, so the kernel evaluates no mask there
+(`split_diagonal`). Query rows past a sequence's end compute over full blocks and are dropped.
 
 Queries of a sequence must start on a block boundary (prefill) or lie inside one block (a decode step).
 """
@@ -84,9 +85,12 @@ class FlexBackend:
 
         padded_queries, padded_keys = aligned.query.shape[2], aligned.key.shape[2]
         counts, index = fit_tables(tables, padded_queries // size, padded_keys // size)
-        counts, index = counts.to(device), index.to(device)
+        partial_counts, partial_index, full_counts, full_index = split_diagonal(
+            counts.to(device), index.to(device), tables.first_query_block.to(device)
+        )
         block_mask = BlockMask.from_kv_blocks(
-            counts, index, BLOCK_SIZE=size, mask_mod=causal_within_sequence, seq_lengths=(padded_queries, padded_keys)
+            partial_counts, partial_index, full_counts, full_index, BLOCK_SIZE=size,
+            mask_mod=causal_within_sequence, seq_lengths=(padded_queries, padded_keys),
         )
         # On GPUs the kernel's tiles must divide the block (its default tile is 128 for large head dims).
         tiles = {"BLOCK_M": size, "BLOCK_N": size} if device.type == "cuda" and size < 128 else None
@@ -96,3 +100,26 @@ class FlexBackend:
         )
         return aligned.scatter(attended, query)
 
+
+
+def split_diagonal(counts: torch.Tensor, index: torch.Tensor, first_query_block: torch.Tensor):
+    """Split attended key blocks into the partial diagonal block and the full blocks before it.
+
+    Args:
+        counts: [N, H, R] int, attended key blocks per query block row.
+        index: [N, H, R, K] int, their indices in ascending order (entries past the count are ignored).
+        first_query_block: [N] int, logical block of row 0 of each sequence.
+
+    Returns:
+        (partial_counts [N, H, R], partial_index [N, H, R, K], full_counts [N, H, R], full_index [N, H, R, K]):
+        the diagonal block (logical query block ``first_query_block + r``) where attended, and the other attended
+        blocks, all before it (the patterns are causal at block level, so the diagonal is the last attended block).
+    """
+    rows = torch.arange(counts.shape[2], device=counts.device)
+    diagonal = first_query_block.to(counts.device)[:, None, None] + rows[None, None, :]
+    last = index.gather(-1, (counts.long() - 1).clamp(min=0)[..., None])[..., 0]
+    has_diagonal = (counts > 0) & (last == diagonal)
+    partial_counts = has_diagonal.to(counts.dtype)
+    partial_index = torch.zeros_like(index)  # flex wants every index table as wide as the key blocks
+    partial_index[..., 0] = torch.where(has_diagonal, last, 0)
+    return partial_counts, partial_index, (counts - partial_counts).contiguous(), index
