@@ -85,3 +85,17 @@ def test_train_step_benchmark_smoke_run_on_cpu(tmp_path):
     assert result["world_size"] == 1 and result["gradient_checkpointing"] and result["length"] == 256
     assert result["model"]["layers"] == 2 and result["step_seconds"] > 0
     assert result["tokens_per_second"] == pytest.approx(256 / result["step_seconds"])
+
+
+@pytest.mark.slow
+def test_cpu_prefill_benchmark_smoke_run(tmp_path):
+    from elastic_attention.assets import TINY_BACKBONE
+
+    result = run_bench("cpu-prefill", tmp_path, "--model", str(TINY_BACKBONE), "--length", "640", "--sink", "128",
+                       "--local", "256", "--repeats", "1", "--threads", "1")
+    rows = {row["mode"]: row for row in result["results"]}
+    assert list(rows) == ["plain", "full", "sparse", "full_reference"] and all(r["seconds"] > 0 for r in rows.values())
+    # Full heads run the plain model's own causal kernel: identical logits. All-SSA is checked against the reference
+    # backend, which computes in float32 while the run is bf16 (a bf16 step is 0.0625 at logits of 8-16).
+    assert rows["full"]["max_logit_difference"] == 0.0 and rows["sparse"]["max_logit_difference"] <= 4 * 0.0625
+    assert result["length"] == 640 and result["command"]

@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = _model(args.model, args.length)
-    ids = torch.randint(100, 20000, (1, args.length), generator=torch.Generator().manual_seed(0))
+    vocabulary = model.config.vocab_size
+    ids = torch.randint(vocabulary // 10, vocabulary, (1, args.length), generator=torch.Generator().manual_seed(0))
     config = ElasticConfig(block_size=128, sink_tokens=args.sink, local_tokens=args.local)
 
     def prefill():
