@@ -72,6 +72,7 @@ def from_pretrained(path: str | Path, router: str | Path | None = None, backend:
     if is_reference_config(fields):
         if router is not None:
             raise ConfigError(f"{path} is in the authors' layout and carries its routers; do not pass router=")
+        elastic_config_from_reference(fields, router_width=1, routed_layers=None)  # refuse before loading weights
         model = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
         tensors, width, routed = read_reference_routers(model, path)
         ignored = sorted(name for name in fields if name in TRAINING_FIELDS)
