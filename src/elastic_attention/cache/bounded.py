@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
 from elastic_attention.cache.triton_decode import (
     DecodeSegments,
@@ -460,7 +460,12 @@ class ElasticCache(Cache):
         self.runtime = runtime
         self.max_length = max_length
         self.fused_decode = fused_decode
-        super().__init__(layers=[ElasticCacheLayer(self, index) for index in range(runtime.num_layers)])
+        # A model's sliding-window layers keep their own attention, so they keep transformers' own window cache.
+        super().__init__(layers=[
+            DynamicSlidingWindowLayer(sliding_window=runtime.sliding_window) if index in runtime.sliding_layers
+            else ElasticCacheLayer(self, index) for index in range(runtime.num_layers)
+        ])
+        self._elastic_layers = [layer for layer in self.layers if isinstance(layer, ElasticCacheLayer)]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         super().reorder_cache(beam_idx)
@@ -471,18 +476,26 @@ class ElasticCache(Cache):
         self.runtime.select_sequences(indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        sequences = len(self.layers[0].sequences)
+        sequences = len(self._elastic_layers[0].sequences)
         super().batch_repeat_interleave(repeats)
         self.runtime.select_sequences(torch.arange(sequences).repeat_interleave(repeats))
 
     @property
     def fused_decode_steps(self) -> int:
-        """Decode steps that ran through the fused kernels (those of the first layer; every layer takes the same path)."""
-        return self.layers[0].fused_steps
+        """Decode steps that ran through the fused kernels (those of the first routed layer; every one takes the same
+        path)."""
+        return self._elastic_layers[0].fused_steps
 
     def nbytes(self) -> int:
-        """Bytes held by the stored keys, values and ring positions, all layers."""
-        return sum(layer.nbytes() for layer in self.layers)
+        """Bytes held by the stored keys, values and ring positions, all layers (sliding-window layers included)."""
+        return sum(layer.nbytes() if isinstance(layer, ElasticCacheLayer) else _tensor_bytes(layer)
+                   for layer in self.layers)
+
+
+def _tensor_bytes(layer) -> int:
+    """Bytes of a transformers cache layer's keys and values (0 before its first update)."""
+    return sum(t.numel() * t.element_size() for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+               if isinstance(t, torch.Tensor))
 
 
 def _capacity(needed: int, spare: bool) -> int:

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
 from torch import nn
 from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from elastic_attention.backends import get_backend
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import ConfigError, InputError, UnsupportedModelError
-from elastic_attention.integration.families import attention_modules, decoder_of, family_of
+from elastic_attention.integration.families import attention_modules, decoder_of, family_of, layer_kinds
 from elastic_attention.integration.report import RoutingReport
 from elastic_attention.integration.runtime import (
     ATTENTION_NAME,
     RUNTIME_ATTRIBUTE,
+    WINDOWED_ATTENTION_NAME,
     ElasticRuntime,
     elastic_attention_forward,
 )
@@ -26,6 +29,19 @@ logger = logging.getLogger(__name__)
 ROUTER_ATTRIBUTE = "elastic_router"
 
 AttentionInterface.register(ATTENTION_NAME, elastic_attention_forward)
+
+
+def _sliding_layer_mask(*args, local_size: int | None = None, **kwargs):
+    """The mask function of models with sliding-window layers: their sliding layers get transformers' own SDPA mask
+    (window and padding) for the model's attention; full-attention layers get none, since elastic attention reads
+    the padding from the sequence layout and never needs an S x S mask."""
+    if local_size is None:
+        return None
+    return sdpa_mask(*args, local_size=local_size, **kwargs)
+
+
+AttentionInterface.register(WINDOWED_ATTENTION_NAME, elastic_attention_forward)
+AttentionMaskInterface.register(WINDOWED_ATTENTION_NAME, _sliding_layer_mask)
 
 
 def attach(
@@ -60,9 +76,19 @@ def attach(
     _, family = family_of(model)
     decoder = decoder_of(model, family)
     modules = attention_modules(decoder, family)
-    routed = config.routed_layers if config.routed_layers is not None else tuple(range(len(modules)))
+    kinds = layer_kinds(model)
+    full_layers = tuple(index for index, kind in enumerate(kinds) if kind == "full")
+    routed = config.routed_layers if config.routed_layers is not None else full_layers
     if max(routed) >= len(modules):
         raise ConfigError(f"`routed_layers` {list(routed)} names layers beyond the model's {len(modules)} layers")
+    sliding = sorted(set(routed) - set(full_layers))
+    if sliding:
+        raise ConfigError(
+            f"`routed_layers` names the sliding-window layers {sliding}; only full-attention layers "
+            f"{list(full_layers)} can be routed"
+        )
+    if config.routed_layers is None and len(full_layers) < len(modules):
+        config = dataclasses.replace(config, routed_layers=full_layers)
     if not model._can_set_attn_implementation():
         raise UnsupportedModelError(f"{type(model).__name__} does not dispatch attention through AttentionInterface")
 
@@ -80,7 +106,9 @@ def attach(
         modules[index].add_module(ROUTER_ATTRIBUTE, router)
         routers[index] = router
     runtime = ElasticRuntime(
-        config, family, get_backend(backend), routers, num_kv_heads, head_dim, num_layers=len(modules), cache_kind=cache
+        config, family, get_backend(backend), routers, num_kv_heads, head_dim, num_layers=len(modules), cache_kind=cache,
+        sliding_window=getattr(model.config, "sliding_window", None) if "sliding" in kinds else None,
+        sliding_layers=frozenset(index for index, kind in enumerate(kinds) if kind == "sliding"),
     )
     runtime.previous_implementation = model.config._attn_implementation
     runtime.requires_grad_before = frozen
@@ -95,7 +123,7 @@ def attach(
     for module in modules:
         object.__setattr__(module, RUNTIME_ATTRIBUTE, runtime)
     object.__setattr__(model, RUNTIME_ATTRIBUTE, runtime)
-    model.set_attn_implementation(ATTENTION_NAME)
+    model.set_attn_implementation(WINDOWED_ATTENTION_NAME if runtime.sliding_layers else ATTENTION_NAME)
     return model
 
 

@@ -1,7 +1,9 @@
 """Model families elastic attention serves, as data: where the layers, attention modules and key states live.
 
 A family needs no copied model code: its attention module must dispatch through transformers' AttentionInterface,
-and one of its submodules must output the layer's key states before RoPE.
+and one of its submodules must output the layer's key states before RoPE. The model's own layer types decide what
+is routed (`layer_kinds`): full-attention layers get routers; sliding-window layers keep the model's attention and
+its cache entries, unchanged.
 """
 
 from __future__ import annotations
@@ -21,35 +23,93 @@ class FamilySpec:
         layers: attribute path from the decoder (the module with the embedding and the layer list) to the layers.
         attention: attribute of a decoder layer holding its attention module.
         key_source: attribute of the attention module whose output is the pre-RoPE key states.
-        key_source_has_heads: the key source outputs [B, S, Hkv, D] (True) or [B, S, Hkv * D] (False).
+        key_layout: the key source's output: ``"flat"`` [B, S, Hkv * D], ``"tokens_heads"`` [B, S, Hkv, D] or
+            ``"heads_tokens"`` [B, Hkv, S, D].
     """
 
     layers: str = "layers"
     attention: str = "self_attn"
     key_source: str = "k_proj"
-    key_source_has_heads: bool = False
+    key_layout: str = "flat"
 
 
-#: model_type -> family. Qwen3 normalizes keys per head (k_norm) before RoPE; the router reads the normalized keys.
+#: model_type -> family. Qwen3 and Gemma 3 normalize keys per head (k_norm) before RoPE; the router reads the
+#: normalized keys (Qwen3 before moving the heads first, Gemma 3 after).
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(),
     "mistral": FamilySpec(),
     "qwen2": FamilySpec(),
-    "qwen3": FamilySpec(key_source="k_norm", key_source_has_heads=True),
+    "qwen3": FamilySpec(key_source="k_norm", key_layout="tokens_heads"),
+    "gemma2": FamilySpec(),
+    "gemma3_text": FamilySpec(key_source="k_norm", key_layout="heads_tokens"),
+    "cohere2": FamilySpec(),
 }
+
+#: model_type -> the attention feature of the family that no backend here implements.
+UNSUPPORTED_FEATURES = {
+    "gpt_oss": "learned attention sinks (per-head logits added to every softmax)",
+}
+
+#: The model's layer types, as this package names them.
+_LAYER_KINDS = {"full_attention": "full", "sliding_attention": "sliding"}
 
 
 def family_of(model: nn.Module) -> tuple[str, FamilySpec]:
     """The family of a Hugging Face model, or a refusal that says which families are supported."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
+    if model_type in UNSUPPORTED_FEATURES:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} uses {UNSUPPORTED_FEATURES[model_type]}, which elastic attention's backends "
+            "do not implement"
+        )
     if model_type not in FAMILIES:
         raise UnsupportedModelError(
             f"model_type {model_type!r} is not supported by elastic attention; supported: {sorted(FAMILIES)}. "
             "A new family is one entry in elastic_attention.integration.families.FAMILIES"
         )
-    _refuse_sliding_windows(config)
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        raise UnsupportedModelError(
+            f"attention logit soft-capping (attn_logit_softcapping={softcap}) is not implemented by elastic "
+            "attention's backends (reference, cpu, flex, fa4); the model's own attention needs it"
+        )
+    layer_kinds(model)
     return model_type, FAMILIES[model_type]
+
+
+def layer_kinds(model: nn.Module) -> list[str]:
+    """``"full"`` or ``"sliding"`` for every decoder layer, from the model's config.
+
+    Raises:
+        UnsupportedModelError: a layer type other than full or sliding-window attention (named), or a sliding
+            window on every layer of a model without layer types (the window and the routing do not compose yet).
+    """
+    config = model.config
+    count = config.num_hidden_layers
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        unknown = sorted({kind for kind in layer_types if kind not in _LAYER_KINDS})
+        if unknown:
+            raise UnsupportedModelError(
+                f"layer types {unknown} are not supported; elastic attention routes full-attention layers and keeps "
+                "sliding-window layers as the model runs them"
+            )
+        kinds = [_LAYER_KINDS[kind] for kind in layer_types]
+        if "full" not in kinds:
+            raise UnsupportedModelError(
+                f"every layer of this model is a sliding-window layer (window {getattr(config, 'sliding_window', None)}"
+                "): there is no full-attention layer to route"
+            )
+        return kinds
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True):
+        raise UnsupportedModelError(
+            f"this model applies a sliding window on every layer (sliding_window={window}); routing composes with "
+            "full-attention layers only. If its prompts fit in the window, or the checkpoint was trained without "
+            "one, load it with sliding_window=None"
+        )
+    return ["full"] * count
 
 
 def decoder_of(model: nn.Module, family: FamilySpec) -> nn.Module:
@@ -82,16 +142,3 @@ def _resolve(module: nn.Module, path: str):
         if module is None:
             return None
     return module
-
-
-def _refuse_sliding_windows(config) -> None:
-    layer_types = getattr(config, "layer_types", None) or []
-    other = sorted({kind for kind in layer_types if kind != "full_attention"})
-    window = getattr(config, "sliding_window", None)
-    window_used = window is not None and getattr(config, "use_sliding_window", True)
-    if other or window_used:
-        raise UnsupportedModelError(
-            f"this model uses sliding-window or other non-full attention layers (layer types {other or 'n/a'}, "
-            f"sliding_window={window}); elastic attention routes full-attention layers only. If the checkpoint "
-            "was trained without a window, load it with sliding_window=None"
-        )

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
 from elastic_attention.backends import AttentionBackend
 from elastic_attention.cache.token_attention import token_attention
 from elastic_attention.config import ElasticConfig
@@ -34,6 +36,9 @@ from elastic_attention.router import AttentionRouter, boundary_pool, is_retrieva
 logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "elastic_attention"
+#: The same function, for models with sliding-window layers: registered with a mask function that gives those layers
+#: the model's own window mask.
+WINDOWED_ATTENTION_NAME = "elastic_attention_windowed"
 RUNTIME_ATTRIBUTE = "_elastic_runtime"
 
 
@@ -50,6 +55,9 @@ class ElasticRuntime:
         num_layers: decoder layers of the model.
         cache_kind: ``"bounded"``: generation (and any eval-mode forward that caches) uses an `ElasticCache`;
             ``"full"``: Hugging Face's own cache, every key of every head kept.
+        sliding_window: the model's window (tokens) on its sliding-window layers, None when it has none.
+        sliding_layers: indices of those layers: they run the model's own attention (SDPA with the model's mask)
+            and keep the model's own cache entries.
 
     Attributes:
         next_prompt_lengths: set before a prefill whose sequences carry more than their prompt (a training pack:
@@ -67,10 +75,14 @@ class ElasticRuntime:
         head_dim: int,
         num_layers: int,
         cache_kind: str = "bounded",
+        sliding_window: int | None = None,
+        sliding_layers: frozenset[int] = frozenset(),
     ) -> None:
         self.config = config
         self.num_layers = num_layers
         self.cache_kind = cache_kind
+        self.sliding_window = sliding_window
+        self.sliding_layers = sliding_layers
         self.cache = None
         self.family = family
         self.backend = backend
@@ -199,7 +211,11 @@ class ElasticRuntime:
         layout = self.layout
         if layout is None or not layout.is_prefill:
             return
-        keys = output if self.family.key_source_has_heads else output.unflatten(-1, (-1, self.head_dim))
+        layout_of_keys = self.family.key_layout
+        if layout_of_keys == "flat":
+            keys = output.unflatten(-1, (-1, self.head_dim))
+        else:
+            keys = output.transpose(1, 2) if layout_of_keys == "heads_tokens" else output
         if self.forced is not None:
             z = self.forced[self.routed_layers.index(layer_index)].to(keys.device, torch.float32)
             z = z.expand(layout.num_sequences, -1)
@@ -373,7 +389,10 @@ def elastic_attention_forward(
         raise InputError(
             f"attention dropout ({dropout}) is not supported by elastic attention; set config.attention_dropout=0"
         )
+    if module.layer_idx in runtime.sliding_layers:  # the model's own attention, with the model's mask and cache
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      sliding_window=sliding_window, **kwargs)
     if sliding_window is not None:
-        raise InputError(f"sliding-window attention (window {sliding_window}) is not supported by elastic attention")
+        raise InputError(f"sliding-window attention (window {sliding_window}) reached a full-attention layer")
     output = runtime.attention(module, query, key, value, scaling)
     return output.transpose(1, 2).contiguous(), None
