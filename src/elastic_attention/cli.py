@@ -143,8 +143,7 @@ def run(args: argparse.Namespace) -> int:
         tasks = resolve_tasks(_split(args.tasks), args.suite)
         if "elastic" in args.modes and args.router is None:
             raise InputError("the elastic mode evaluates trained routers: pass --router ADAPTER_FOLDER")
-        if not Path(args.model).is_dir():
-            raise InputError(f"--model {args.model}: no such folder (a Hugging Face model folder with its tokenizer)")
+        _require_model_folder(args.model)
         print(
             run_eval_command(
                 args.model, router=args.router, modes=args.modes, tasks=tasks, lengths=args.lengths,
@@ -167,8 +166,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.command == "generate":
         from elastic_attention.evaluation.showcase import run_generate_command
 
-        if not Path(args.model).is_dir():
-            raise InputError(f"--model {args.model}: no such folder (a Hugging Face model folder with its tokenizer)")
+        _require_model_folder(args.model)
         prompt = Path(args.file).read_text(encoding="utf-8") if args.file else args.prompt
         print(
             run_generate_command(
@@ -187,6 +185,11 @@ def run(args: argparse.Namespace) -> int:
             out = fetch_model(args.name, args.out or f"artifacts/{args.name}", cache_dir=args.cache, gguf_file=args.gguf)
             print(f"{args.name} is ready at {out}")
     return 0
+
+
+def _require_model_folder(path: str) -> None:
+    if not Path(path).is_dir():
+        raise InputError(f"--model {path}: no such folder (a Hugging Face model folder with its tokenizer)")
 
 
 def run_lm_eval(arguments: list[str]) -> int:
