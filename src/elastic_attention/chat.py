@@ -9,17 +9,25 @@ from __future__ import annotations
 from elastic_attention.errors import InputError
 
 
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """Token ids of ``prompt`` as a user turn plus the generation prompt (what generation starts from).
+def render_prompt(tokenizer, prompt: str) -> str:
+    """``prompt`` as a user turn plus the generation prompt, as text.
 
     Raises:
         InputError: the tokenizer has no chat template.
     """
     if not getattr(tokenizer, "chat_template", None):
         raise InputError("the tokenizer has no chat template; set tokenizer.chat_template to render rows")
-    user = [{"role": "user", "content": prompt}]
-    text = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids of `render_prompt` (what generation starts from).
+
+    Raises:
+        InputError: the tokenizer has no chat template.
+    """
+    return tokenizer.encode(render_prompt(tokenizer, prompt), add_special_tokens=False)
 
 
 def encode_chat(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:

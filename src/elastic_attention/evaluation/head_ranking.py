@@ -14,6 +14,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from elastic_attention.chat import render_prompt
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation.suites import suite_of
 from elastic_attention.evaluation.tasks import TaskRow
@@ -69,8 +70,7 @@ def _span_positions(tokenizer, row: TaskRow, prompt_ids: list[int]) -> list[int]
     spans = row.metadata["evidence_spans"]
     if not spans:
         raise InputError(f"row of task {row.task!r} has no evidence spans; rank heads on needle tasks")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": row.prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = render_prompt(tokenizer, row.prompt)
     base = text.index(row.prompt)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     if encoded["input_ids"] != prompt_ids:
