@@ -28,7 +28,7 @@ def test_layer_benchmark_smoke_run_on_cpu(tmp_path):
     result = run_bench("layer", tmp_path, "--device", "cpu", "--lengths", "300", "--msr", "0.5", "--heads", "4",
                        "--kv-heads", "2", "--head-dim", "32", "--block-size", "64", "--sink", "64", "--local", "128",
                        "--repeats", "1", "--tolerance", "1e-4", "--backends", "flex")
-    row = result["rows"][0]
+    row = result["results"][0]
     assert result["device"] == "cpu" and result["command"]
     assert row["flex_max_error"] < 1e-4 and 0 < row["attended_block_fraction"] <= 1
     assert row["ideal_s"] == pytest.approx(row["dense_sdpa_s"] * row["attended_block_fraction"])
@@ -39,9 +39,9 @@ def test_layer_benchmark_smoke_run_on_cpu(tmp_path):
 def test_prefill_benchmark_smoke_run_on_cpu(tmp_path):
     result = run_bench("prefill", tmp_path, *TINY_MODEL, "--lengths", "300", "--configurations", "fa-ssa,xa-ssa",
                        "--modes", "sdpa", "--backend", "flex", "--msr", "0.5", "--repeats", "1")
-    models = [row["model"] for row in result["rows"]]
+    models = [row["model"] for row in result["results"]]
     assert models == ["sdpa", "elastic-fa-ssa", "elastic-xa-ssa"]
-    fa_ssa = result["rows"][1]
+    fa_ssa = result["results"][1]
     assert fa_ssa["msr"] == pytest.approx(0.5) and 0 < fa_ssa["esr_mean"] < 1 and fa_ssa["seconds"] > 0
 
 
@@ -49,7 +49,7 @@ def test_prefill_benchmark_smoke_run_on_cpu(tmp_path):
 def test_decode_benchmark_smoke_run_on_cpu(tmp_path):
     result = run_bench("decode", tmp_path, *TINY_MODEL, "--lengths", "700", "--batch", "1,2", "--msr", "1.0",
                        "--backend", "reference", "--steps", "1", "--tolerance", "1e-4")
-    rows = {(row["cache"], row["batch"]): row for row in result["rows"]}
+    rows = {(row["cache"], row["batch"]): row for row in result["results"]}
     assert sorted(rows) == [(kind, batch) for kind in ("bounded", "bounded_torch", "dense", "full") for batch in (1, 2)]
     # Every head on SSA keeps sink + window = 192 of 701 entries; the batch of 2 repeats the prefilled cache. The
     # dense cache is timed twice per batch size, so at batch 2 it holds two more entries than the full one.
@@ -67,8 +67,8 @@ def test_decode_benchmark_smoke_run_on_cpu(tmp_path):
 def test_decode_benchmark_prefills_the_bounded_cache_in_chunks(tmp_path):
     common = [*TINY_MODEL, "--lengths", "700", "--batch", "1", "--msr", "1.0", "--backend", "reference",
               "--steps", "1", "--caches", "bounded"]
-    chunked = run_bench("decode", tmp_path, *common, "--prefill-chunk", "200")["rows"][0]
-    one_pass = run_bench("decode", tmp_path, *common)["rows"][0]
+    chunked = run_bench("decode", tmp_path, *common, "--prefill-chunk", "200")["results"][0]
+    one_pass = run_bench("decode", tmp_path, *common)["results"][0]
     assert chunked["prefill_chunk"] == 200 and chunked["prefill_s"] > 0 and one_pass["prefill_chunk"] == 0
     # Every head on SSA: both keep exactly the sink and the window, whatever the chunking.
     assert chunked["cache_bytes"] == one_pass["cache_bytes"]

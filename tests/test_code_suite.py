@@ -77,8 +77,11 @@ def test_passkey_and_multikey_answers_are_in_the_far_context(tokenizer):
 
 
 def test_find_definition_answer_is_the_default_in_the_only_definition(tokenizer):
-    for row in code_suite.generate("find_definition", 4096, 0, 6, tokenizer):
-        function, parameter = re.search(r"parameter `(\w+)` of the function `(\w+)`", row.question).group(2, 1)
+    rows = code_suite.generate("find_definition", 4096, 0, 6, tokenizer)
+    rows += code_suite.generate("recent_definition", 4096, 0, 6, tokenizer)
+    for row in rows:
+        function = re.search(r"the function `(\w+)` is defined", row.question).group(1)
+        parameter = re.search(r"its parameter `(\w+)`", row.question).group(1)
         definitions = [m.start() for m in re.finditer(rf"\bdef {function}\(", row.context)]
         assert len(definitions) == 1
         signature = row.context[definitions[0] : row.context.index(":\n", definitions[0])]
@@ -86,15 +89,13 @@ def test_find_definition_answer_is_the_default_in_the_only_definition(tokenizer)
         assert int(row.answer) != row.metadata["original_default"]
 
 
-def test_variable_chain_answer_follows_the_assignments(tokenizer):
-    for row in code_suite.generate("variable_chain", 6000, 0, 6, tokenizer):
-        assignments = dict(re.findall(r"^(VAR_[A-Z]{5}) = (\S+)$", row.context, flags=re.M))
-        name = re.search(r"which number does (VAR_[A-Z]{5}) hold", row.question).group(1)
-        hops = 0
-        while not name.isdigit():
-            name, hops = assignments[name], hops + 1
-        assert name == row.answer and hops == 2
-        assert len(assignments) == 4
+def test_multivalue_keys_are_the_projects_comments(tokenizer):
+    for row in code_suite.generate("multivalue", 6000, 0, 6, tokenizer):
+        project = re.search(r"secret keys of the (\w+) project", row.question).group(1)
+        keys = re.findall(rf"^# A secret key of the {project} project is (\d{{6}})\.$", row.context, flags=re.M)
+        assert sorted(keys) == sorted(row.metadata["keys"]) and len(set(keys)) == 2
+        assert row.answer == ", ".join(row.metadata["keys"])
+        assert all(0.05 <= depth <= 0.8 for depth in row.metadata["depths"])
 
 
 def test_next_line_answer_is_the_real_line_after_the_context(tokenizer):
@@ -112,12 +113,9 @@ def test_robust_evidence_is_near_the_end(tokenizer):
         match = re.search(r"# Note: the build number of this module is (\d{5})\.", row.context)
         assert match.group(1) == row.answer
         assert _tokens_after(tokenizer, row, len(row.instruction) + 1 + match.start()) < 900
-    for row in code_suite.generate("few_shot", 4096, 0, 6, tokenizer):
-        rule = code_suite.RENAMING_RULES[row.metadata["rule"]]
-        examples = re.findall(r"^# (\w+) -> (\S+)$", row.context, flags=re.M)[-6:]
-        assert len(examples) == 6 and all(rule(a.split("_")) == b for a, b in examples)
-        assert rule(row.metadata["query"].split("_")) == row.answer
-        assert row.context.endswith(f"# {examples[-1][0]} -> {examples[-1][1]}")
+    for row in code_suite.generate("recent_definition", 8192, 0, 4, tokenizer):
+        start = row.context.index(f"def {row.metadata['function']}(")
+        assert _tokens_after(tokenizer, row, len(row.instruction) + 1 + start) < 900
 
 
 def test_scoring_against_hand_computed_cases():
@@ -131,9 +129,10 @@ def test_scoring_against_hand_computed_cases():
     line = TaskRow("", "q", "x = f(a)", "next_line", "i", {})
     scored = code_suite.score("```python\nx = f(b)\n```", line)
     assert scored.accuracy == pytest.approx(1 - 1 / 8) and not scored.exact
-    rename = TaskRow("", "q", "GetFullUrl", "few_shot", "i", {})
-    assert code_suite.score("get_full_url -> `GetFullUrl`", rename).exact
-    assert not code_suite.score("GetFullURL", rename).exact
+    keys = TaskRow("", "q", "482913, 105577", "multivalue", "i", {"keys": ["482913", "105577"]})
+    assert code_suite.score("105577, 482913", keys).exact
+    assert not code_suite.score("482913", keys).exact
+    assert not code_suite.score("482913, 105577, 777777", keys).exact
 
 
 def test_evidence_positions_cover_the_needle_tokens(tokenizer):
@@ -147,7 +146,7 @@ def test_evidence_positions_cover_the_needle_tokens(tokenizer):
 
 def test_suites_resolve_their_own_tasks_and_refuse_others():
     code = get_suite("code")
-    assert code.resolve(["robust"]) == ["next_line", "recent_fact", "few_shot"]
+    assert code.resolve(["robust"]) == ["next_line", "recent_fact", "recent_definition"]
     assert code.kind("passkey") == "sensitive" and suite_of("next_line") is code
     assert suite_of("needle_single").name == "synthetic"
     with pytest.raises(InputError, match="unknown code suite tasks"):

@@ -124,7 +124,7 @@ def test_task_and_length_arguments():
     assert resolve_tasks(["robust"]) == ["local_recall", "local_pattern", "local_count"]
     with pytest.raises(InputError, match="unknown synthetic suite tasks"):
         resolve_tasks(["needle"])
-    assert resolve_tasks(["sensitive"], "code") == ["passkey", "multikey", "find_definition", "variable_chain"]
+    assert resolve_tasks(["sensitive"], "code") == ["passkey", "multikey", "find_definition", "multivalue"]
     assert parse_length("4k") == 4096 and parse_length("3000") == 3000 and parse_length("1m") == 1 << 20
     with pytest.raises(argparse.ArgumentTypeError, match="cannot read length 'four'"):
         parse_length("four")

@@ -220,7 +220,7 @@ def run(args) -> dict:
         "baselines": {"full": "the same model and routing with the model's own full cache, same process",
                       "dense": "the model without elastic attention, its own cache and attention, same process"},
         "compile_threads": 1,
-        "rows": rows,
+        "results": rows,
     }
 
 

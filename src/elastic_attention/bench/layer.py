@@ -102,7 +102,7 @@ def run(args) -> dict:
         "config": config.to_dict(),
         "baseline": "dense causal attention in the same run: torch SDPA (cuDNN on CUDA) and flash-attn-4 when "
                     "installed; ideal = dense FA4 time (else SDPA) x fraction of causal blocks attended",
-        "rows": rows,
+        "results": rows,
     }
 
 

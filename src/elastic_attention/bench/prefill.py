@@ -83,7 +83,7 @@ def run(args) -> dict:
         "elastic": {"backend": args.backend, "msr": args.msr, "block_size": args.block_size, "sink": args.sink,
                     "local": args.local},
         "baselines": "sdpa (cuDNN) and fa4_dense models, same weights, same inputs, same process",
-        "rows": rows,
+        "results": rows,
     }
 
 

@@ -17,11 +17,11 @@ Tasks:
   - ``passkey``: one comment ``# The secret key is 482913. Remember it.``; the answer is the key.
   - ``multikey``: four such comments for four named projects; one project is asked.
   - ``find_definition``: a real function of the snapshot with an integer default parameter, its default replaced
-    by a random number (so the answer must be read from the context, not recalled from pretraining); the question
-    asks the default of that parameter. The function's name is defined nowhere else in the context.
-  - ``variable_chain``: two chains of two assignments (``VAR_QWERT = 52817``, later ``VAR_ASDFG = VAR_QWERT``)
-    spread through the code in chain order (RULER's variable tracking); the question asks the number that the last
-    variable of one chain holds.
+    by a random three-digit number (so the answer must be read from the context, not recalled from pretraining);
+    the question quotes the default's line up to the literal (``def seek(self, pos, whence=...``) and asks the
+    value. The function's name is defined nowhere else in the context.
+  - ``multivalue``: two comments ``# A secret key of the amber project is 482913.`` at independent depths; both keys
+    are asked (RULER's multi-value needle).
 
 - Robust (the evidence sits in the last 700 tokens of the context):
 
@@ -30,8 +30,12 @@ Tasks:
     LCC style, scored by edit similarity, exact match reported beside it).
   - ``recent_fact``: a comment ``# Note: the build number of this module is 58213.`` 150-600 tokens before the
     end of the context; the answer is the number.
-  - ``few_shot``: the context ends with six examples of a renaming rule (CamelCase, words reversed and joined by
-    dots, or upper-case initials) applied to real function names; the question asks the rule applied to a seventh.
+  - ``recent_definition``: ``find_definition`` with the function 50-250 tokens before the end of the context.
+
+Replaced after the first measurements on Qwen2.5-Coder-0.5B-Instruct (full attention could not do them, so they
+could not tell sparse from full): RULER-style variable tracking (two chains of two hops: 0.20 / 0.12 at 8K / 16K;
+a two-hop "project X uses the key of project Y" link: 0.38 at 4K) and a few-shot renaming rule at the end of the
+context (0.00 at 8K-32K in three phrasings).
 
 Determinism: sample ``i`` is drawn from ``SampleRandom(sample_seed(task, length, seed, i))`` and the snapshot; the
 tokenizer only decides where contexts are cut. Each row's ``metadata["evidence_spans"]`` gives the character spans
@@ -41,7 +45,6 @@ of its evidence in ``row.prompt`` (for head ranking), ``metadata["depths"]`` the
 from __future__ import annotations
 
 import re
-import string
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +55,6 @@ from elastic_attention.evaluation.corpus import (
     completion_targets,
     integer_defaults,
     line_tokens,
-    snake_case_names,
     stdlib_files,
 )
 from elastic_attention.evaluation.scoring import Score, edit_similarity, first_answer_line, first_integer
@@ -76,14 +78,13 @@ INSTRUCTIONS: dict[str, str] = {
     "you will be asked for the key of one project.",
     "find_definition": "Read the Python source code below. You will be asked about the default value of a "
     "parameter of one function defined in it.",
-    "variable_chain": "Read the Python source code below. Variables named VAR_ and five capital letters are "
-    "assigned along the way, each either a number or another such variable; you will be asked which number one of "
-    "them holds.",
+    "multivalue": "Read the Python source code below. Comments in it state the secret keys of a project; "
+    "you will be asked for all of them.",
     "next_line": "Complete the Python source code below.",
     "recent_fact": "Read the Python source code below. A note near its end states a build number; "
     "you will be asked for it.",
-    "few_shot": "Read the Python source code below. Its last lines show examples of a rule that renames "
-    "function names; you will be asked to apply the rule to another name.",
+    "recent_definition": "Read the Python source code below. You will be asked about the default value of a "
+    "parameter of a function defined near its end.",
 }
 
 _PROJECTS = ("amber", "birch", "cobalt", "delta", "ember", "falcon", "garnet", "harbor", "indigo", "juniper",
@@ -252,6 +253,15 @@ def _number(rng: SampleRandom, digits: int) -> str:
     return str(rng.integer(10 ** (digits - 1), 10**digits - 1))
 
 
+def _distinct_numbers(rng: SampleRandom, count: int, digits: int) -> list[str]:
+    numbers: list[str] = []
+    while len(numbers) < count:
+        number = _number(rng, digits)
+        if number not in numbers:
+            numbers.append(number)
+    return numbers
+
+
 def _check_length(length: int) -> None:
     if isinstance(length, bool) or not isinstance(length, int) or length < MIN_LENGTH:
         raise InputError(f"code suite rows need `length` >= {MIN_LENGTH} tokens, got {length!r}")
@@ -284,11 +294,7 @@ def multikey(length: int, seed: int, tokenizer, *, num_keys: int = 4) -> TaskRow
         raise InputError(f"`num_keys` must be in [2, 8], got {num_keys}")
     rng = SampleRandom(seed)
     projects = rng.sample(_PROJECTS, num_keys)
-    keys = []
-    while len(keys) < num_keys:
-        key = _number(rng, 6)
-        if key not in keys:
-            keys.append(key)
+    keys = _distinct_numbers(rng, num_keys, 6)
     inserts = [
         _Insert([f"# The secret key of the {project} project is {key}.\n"], index == 0, depth=_depth(rng, None))
         for index, (project, key) in enumerate(zip(projects, keys))
@@ -299,20 +305,23 @@ def multikey(length: int, seed: int, tokenizer, *, num_keys: int = 4) -> TaskRow
 
 
 def find_definition(length: int, seed: int, tokenizer, *, depth: float | None = None) -> TaskRow:
-    """A real function with its integer default replaced by a random number, at ``depth``; its default is asked.
+    """A real function with its integer default replaced by a random number, at ``depth`` (drawn from
+    `SENSITIVE_DEPTHS` when None); the default is asked, the definition's line quoted up to the literal.
 
     The function's file is left out of the filler and redrawn when the filler defines the same name elsewhere.
     """
     rng = SampleRandom(seed)
+    return _definition_row("find_definition", length, seed, tokenizer, rng, depth=_depth(rng, depth))
+
+
+def _definition_row(task: str, length: int, seed: int, tokenizer, rng: SampleRandom, *, depth: float | None = None,
+                    from_end: int | None = None) -> TaskRow:
     definitions = integer_defaults()
     files = stdlib_files()
-    at = _depth(rng, depth)
     for _ in range(32):
         definition = rng.choice(definitions)
         source = files[definition.file_index]
-        value = rng.integer(2, 999)
-        while value == definition.default:
-            value = rng.integer(2, 999)
+        value = rng.integer(100, 999)  # three digits: never a natural default, so it must be read
         lines = list(source.lines[definition.start : definition.end])
         row_of_default = definition.default_line - definition.start
         begin, end = definition.default_columns
@@ -320,55 +329,46 @@ def find_definition(length: int, seed: int, tokenizer, *, depth: float | None = 
         lines[row_of_default] = f"{text[:begin]}{value}{text[end:]}"
         indent = len(lines[0]) - len(lines[0].lstrip())
         lines = [line[indent:] if line[:indent].strip() == "" else line.lstrip() for line in lines]
+        # New names for the function and the parameter, so that the model cannot answer from its memory of the
+        # standard library (the first run answered the original default about as often as it erred).
+        suffix = rng.choice(_PROJECTS)
+        name, parameter = f"{definition.name}_{suffix}", f"{definition.parameter}_{suffix}"
+        lines[0] = lines[0].replace(f"def {definition.name}(", f"def {name}(", 1)
+        lines = [re.sub(rf"\b{re.escape(definition.parameter)}\b", parameter, line) for line in lines]
         stream = _any_file(rng, frozenset({definition.file_index}))
-        pattern = re.compile(rf"\bdef {re.escape(definition.name)}\(")
+        pattern = re.compile(rf"\bdef {re.escape(name)}\(")
         probe = "".join(line for line, _ in _take(stream(), line_tokens(tokenizer), length))
         if not pattern.search(probe):
             break
     else:
-        raise InputError(f"no find_definition row without a duplicate definition for seed {seed}")
-    inserts = [_Insert(["\n", *lines, "\n"], True, depth=at)]
-    question = (f"In the code above, what is the default value of the parameter `{definition.parameter}` of the "
-                f"function `{definition.name}`? Answer with the value only.")
-    extra = {"function": definition.name, "parameter": definition.parameter, "file": source.path,
+        raise InputError(f"no {task} row without a duplicate definition for seed {seed}")
+    inserts = [_Insert(["\n", *lines, "\n"], True, depth=depth, from_end=from_end)]
+    default_line = lines[row_of_default]
+    literal = re.search(rf"\b{re.escape(parameter)}\b[^=]*=\s*(?={value}\b)", default_line)
+    head = default_line[: literal.end()].strip()
+    if not head.startswith("def "):  # "def seek_amber(self, pos, whence_amber="
+        head = f"def {name}(... {head}"
+    question = (f"In the code above, the function `{name}` is defined as `{head}...`. What is the default "
+                f"value of its parameter `{parameter}`? Answer with the value only.")
+    extra = {"function": name, "parameter": parameter, "file": source.path, "original_name": definition.name,
              "original_default": definition.default}
-    return _build("find_definition", tokenizer, length, seed, rng, question, str(value), inserts=inserts,
+    return _build(task, tokenizer, length, seed, rng, question, str(value), inserts=inserts,
                   stream=stream, max_new_tokens=16, extra=extra)
 
 
-def _variable_name(rng: SampleRandom, taken: set[str]) -> str:
-    while True:
-        name = "VAR_" + "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
-        if name not in taken:
-            taken.add(name)
-            return name
-
-
-def variable_chain(length: int, seed: int, tokenizer, *, num_chains: int = 2, num_hops: int = 2) -> TaskRow:
-    """``num_chains`` chains of ``num_hops`` assignments (a number, then each variable from the previous one), in
-    chain order at sorted depths; the number held by the first chain's last variable is asked."""
-    if not 1 <= num_chains <= 4 or not 2 <= num_hops <= 6:
-        raise InputError(f"`num_chains` must be in [1, 4] and `num_hops` in [2, 6], got {num_chains}, {num_hops}")
+def multivalue(length: int, seed: int, tokenizer, *, num_values: int = 2) -> TaskRow:
+    """``num_values`` (2-4) secret keys of one project in comments at independent depths; all of them are asked."""
+    if not 2 <= num_values <= 4:
+        raise InputError(f"`num_values` must be in [2, 4], got {num_values}")
     rng = SampleRandom(seed)
-    taken: set[str] = set()
-    values: list[str] = []
-    inserts = []
-    chains = []
-    for chain_index in range(num_chains):
-        value = _number(rng, 5)
-        while value in values:
-            value = _number(rng, 5)
-        values.append(value)
-        names = [_variable_name(rng, taken) for _ in range(num_hops)]
-        chains.append(names)
-        depths = sorted(_depth(rng, None) for _ in range(num_hops))
-        for hop, (name, at) in enumerate(zip(names, depths)):
-            right = value if hop == 0 else names[hop - 1]
-            inserts.append(_Insert([f"{name} = {right}\n"], chain_index == 0, depth=at))
-    question = (f"Follow the assignments in the code above: which number does {chains[0][-1]} hold? "
-                f"Answer with the number only.")
-    return _build("variable_chain", tokenizer, length, seed, rng, question, values[0], inserts=inserts,
-                  stream=_any_file(rng), max_new_tokens=16, extra={"chains": chains, "values": values})
+    project = rng.choice(_PROJECTS)
+    keys = _distinct_numbers(rng, num_values, 6)
+    inserts = [_Insert([f"# A secret key of the {project} project is {key}.\n"], True,
+                       depth=_depth(rng, None)) for key in keys]
+    question = (f"Which numbers does the code above give as secret keys of the {project} project? "
+                f"Answer with the {num_values} numbers only, separated by commas.")
+    return _build("multivalue", tokenizer, length, seed, rng, question, ", ".join(keys), inserts=inserts,
+                  stream=_any_file(rng), max_new_tokens=8 * num_values, extra={"project": project, "keys": keys})
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -407,30 +407,10 @@ def recent_fact(length: int, seed: int, tokenizer) -> TaskRow:
                   stream=_any_file(rng), max_new_tokens=16, extra={"number": number})
 
 
-#: Renaming rules of the few-shot task: name -> rule(words).
-RENAMING_RULES: dict[str, Callable[[list[str]], str]] = {
-    "camel_case": lambda words: "".join(word.capitalize() for word in words),
-    "reversed_dots": lambda words: ".".join(reversed(words)),
-    "upper_initials": lambda words: "".join(word[0].upper() for word in words),
-}
-
-
-def few_shot(length: int, seed: int, tokenizer, *, num_examples: int = 6) -> TaskRow:
-    """The context ends with ``num_examples`` (3-10) ``input -> output`` examples of a renaming rule; the rule
-    applied to another real function name is asked."""
-    if not 3 <= num_examples <= 10:
-        raise InputError(f"`num_examples` must be in [3, 10], got {num_examples}")
+def recent_definition(length: int, seed: int, tokenizer) -> TaskRow:
+    """`find_definition` with the function placed 50-250 tokens before the end of the context."""
     rng = SampleRandom(seed)
-    rule_name = rng.choice(sorted(RENAMING_RULES))
-    rule = RENAMING_RULES[rule_name]
-    names = rng.sample(snake_case_names(), num_examples + 1)
-    examples = [f"# {name} -> {rule(name.split('_'))}\n" for name in names[:-1]]
-    inserts = [_Insert(["# Renaming rule, by example:\n", *examples], True, from_end=0)]
-    question = (f"Apply the renaming rule of the examples at the end of the code above to {names[-1]}. "
-                f"Answer in the same form: {names[-1]} -> new name.")
-    answer = rule(names[-1].split("_"))
-    return _build("few_shot", tokenizer, length, seed, rng, question, answer, inserts=inserts,
-                  stream=_any_file(rng), max_new_tokens=24, extra={"rule": rule_name, "query": names[-1]})
+    return _definition_row("recent_definition", length, seed, tokenizer, rng, from_end=rng.integer(50, 250))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -441,13 +421,13 @@ TASKS: dict[str, Callable[..., TaskRow]] = {
     "passkey": passkey,
     "multikey": multikey,
     "find_definition": find_definition,
-    "variable_chain": variable_chain,
+    "multivalue": multivalue,
     "next_line": next_line,
     "recent_fact": recent_fact,
-    "few_shot": few_shot,
+    "recent_definition": recent_definition,
 }
-SENSITIVE_TASKS: tuple[str, ...] = ("passkey", "multikey", "find_definition", "variable_chain")
-ROBUST_TASKS: tuple[str, ...] = ("next_line", "recent_fact", "few_shot")
+SENSITIVE_TASKS: tuple[str, ...] = ("passkey", "multikey", "find_definition", "multivalue")
+ROBUST_TASKS: tuple[str, ...] = ("next_line", "recent_fact", "recent_definition")
 
 
 def generate(task: str, length: int, seed: int, n: int, tokenizer=None, **options: Any) -> list[TaskRow]:
@@ -484,15 +464,14 @@ def score(prediction: str, row: TaskRow) -> Score:
 
     - ``next_line``: accuracy is the edit similarity of the prediction's first code line to the answer line
       (both stripped); exact when equal.
-    - ``few_shot``: exact when the first answer line's last ``->`` part, without backticks and quotes, equals the
-      answer.
-    - the number tasks: exact when the first integer in the prediction equals the answer.
+    - ``multivalue``: exact when the integers in the prediction are the project's keys, each once, in any order.
+    - the other (number) tasks: exact when the first integer in the prediction equals the answer.
     """
     if row.task == "next_line":
         line = first_answer_line(prediction)
         return Score(edit_similarity(line, row.answer), line == row.answer)
-    if row.task == "few_shot":
-        exact = first_answer_line(prediction).split("->")[-1].strip("`'\" .") == row.answer
+    if row.task == "multivalue":
+        exact = sorted(re.findall(r"\d+", prediction)) == sorted(row.metadata["keys"])
     else:
         exact = first_integer(prediction) == row.answer
     return Score(float(exact), exact)

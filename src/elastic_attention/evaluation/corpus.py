@@ -13,14 +13,12 @@ import ast
 import functools
 import json
 import lzma
-import re
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 CORPUS_FILE = Path(__file__).resolve().parent.parent / "assets" / "python_stdlib" / "corpus.jsonl.xz"
 
-_SNAKE_CASE = re.compile(r"^[a-z]+(?:_[a-z]+){1,3}$")
 
 
 @dataclass(frozen=True)
@@ -145,17 +143,6 @@ def completion_targets(min_chars: int = 16, max_chars: int = 100) -> tuple[tuple
                 if min_chars <= len(text) <= max_chars and not text.startswith(("#", '"', "'")):
                     targets.append((file_index, statement.lineno - 1))
     return tuple(sorted(set(targets)))
-
-
-@functools.cache
-def snake_case_names() -> tuple[str, ...]:
-    """Distinct function names of two to four lowercase words joined by underscores, sorted."""
-    names = set()
-    for tree in _syntax_trees():
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _SNAKE_CASE.match(node.name):
-                names.add(node.name)
-    return tuple(sorted(names))
 
 
 class LineTokens:

@@ -194,7 +194,11 @@ def _progress(total: int, enabled: bool):
 
 def _advance(bar, cell: CellResult) -> None:
     if bar is not None:
-        bar.set_postfix_str(f"{cell.mode} {cell.task} {cell.length}: acc {cell.accuracy:.2f} msr {cell.msr:.2f}")
+        peak = ""
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # the cell's peak, to size --batch-size
+            peak = f" peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+            torch.cuda.reset_peak_memory_stats()
+        bar.set_postfix_str(f"{cell.mode} {cell.task} {cell.length}: acc {cell.accuracy:.2f} msr {cell.msr:.2f}{peak}")
         bar.update(1)
 
 
