@@ -1,5 +1,8 @@
 """The bounded KV cache (ElasticCache) against the full cache under the same token rule, and the rule itself."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from conftest import per_sample_routers, streaming_suffix_case, tiny_model
@@ -114,6 +117,21 @@ def test_memory_is_released_per_sample():
     # 2 samples, 2 KV heads, 601 entries of 16 float32).
     full_cache_bytes = 2 * 2 * 2 * 2 * 601 * 16 * 4
     assert cache.nbytes() < 0.33 * full_cache_bytes
+
+
+def test_a_finished_generations_cache_is_freed_without_the_cycle_collector():
+    """A dropped cache must go by reference counting alone: GPU memory does not trigger Python's cycle collector,
+    and a cache kept alive by a cycle held every generate call's keys and values until it ran."""
+    ids, mask = prompt(width=60)
+    model = attached()
+    gc.disable()
+    try:
+        output = generate(model, ids, mask, tokens=3)
+        cache, layer = weakref.ref(output.past_key_values), weakref.ref(output.past_key_values.layers[0])
+        del output
+        assert cache() is None and layer() is None
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("routing", ["sparse", "mixed", "full"])

@@ -24,6 +24,7 @@ only when storage moves (a full store grows, the batch is reordered). Elsewhere,
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -84,9 +85,19 @@ class ElasticCacheLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
+    @property
+    def cache(self) -> ElasticCache:
+        cache = self._cache()
+        if cache is None:
+            raise InputError("this cache layer's ElasticCache is gone; keep the cache while its layers are used")
+        return cache
+
     def __init__(self, cache: ElasticCache, layer_index: int) -> None:
         super().__init__()
-        self.cache, self.layer_index = cache, layer_index
+        # A weak reference: a cache and its layers must not form a reference cycle, or a dropped cache keeps its
+        # tensors until Python's cycle collector happens to run (GPU memory grew by every generate call's cache).
+        self._cache = weakref.ref(cache)
+        self.layer_index = layer_index
         self.sequences: list[SequenceStore] = []
         self.physical_length = 0
         self._staged: list[StagedEntries | None] = []
