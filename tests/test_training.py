@@ -1,5 +1,6 @@
 """Router training: packing, labels, the objective and its multipliers, the CLI with kill and resume, gloo DDP."""
 
+import math
 import os
 import shutil
 import signal
@@ -7,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from safetensors.torch import load_file
 from elastic_attention import ConfigError, InputError
 from elastic_attention.training import Row, SparsityObjective, TrainConfig, encode_row, pack_rows
 from elastic_attention.training.data import IGNORE_INDEX, EncodedRow, load_rows
+from elastic_attention.training.trainer import RouterTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,6 +116,19 @@ def test_bounds_give_no_penalty_inside_the_band():
         SparsityObjective({"t": 0.7}, bounds={"t": (0.9, 0.8)})
     with pytest.raises(ConfigError, match="linear_term"):
         SparsityObjective({"t": 0.7}, linear_term="squared")
+
+
+def test_router_learning_rate_schedules():
+    def scales(schedule):
+        config = TrainConfig(model="m", steps=10, warmup_fraction=0.2, lr_schedule=schedule)
+        return [RouterTrainer._lr_scale(SimpleNamespace(config=config), step) for step in range(10)]
+
+    assert scales("constant") == [0.5] + [1.0] * 9
+    cosine = scales("cosine")
+    assert cosine[:3] == [0.5, 1.0, 1.0] and cosine[9] == pytest.approx((1 + math.cos(7 * math.pi / 8)) / 2)
+    assert all(a > b for a, b in zip(cosine[2:], cosine[3:]))
+    with pytest.raises(ConfigError, match="`lr_schedule` must be one of"):
+        TrainConfig(model="m", lr_schedule="linear")
 
 
 def test_config_validation_names_the_field(tmp_path):

@@ -17,6 +17,9 @@ SUITE_TARGETS = {
     "local_recall": 1.0, "local_pattern": 1.0, "local_count": 1.0,
 }
 
+#: Router learning-rate schedules after the warm-up.
+LR_SCHEDULES = ("cosine", "constant")
+
 #: ``data.source`` values that generate rows from a task suite: source -> suite name
 #: (see `elastic_attention.evaluation.suites`); any other source is a local row file.
 SUITE_SOURCES = {"suite": "synthetic", "synthetic": "synthetic", "code": "code"}
@@ -63,6 +66,8 @@ class TrainConfig:
         steps: optimizer steps.
         packs_per_step: global batch, in packs.
         router_lr, multiplier_lr, weight_decay, warmup_fraction, grad_clip: optimisation.
+        lr_schedule: the router learning rate after its linear warm-up: ``"cosine"`` (decays to 0 at the last step)
+            or ``"constant"``. The multipliers' learning rate is always constant.
         temperature: see `TemperatureSchedule`.
         margin_limit: clamp of the router's logit margin while sampling (forward only, see
             `straight_through_decision`); ``None`` (the paper) leaves it free.
@@ -92,6 +97,7 @@ class TrainConfig:
     multiplier_lr: float = 1e-3
     weight_decay: float = 0.1
     warmup_fraction: float = 0.2
+    lr_schedule: str = "cosine"
     grad_clip: float = 5.0
     temperature: TemperatureSchedule = field(default_factory=TemperatureSchedule)
     margin_limit: float | None = None
@@ -135,6 +141,8 @@ class TrainConfig:
             )
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"`warmup_fraction` must be in [0, 1), got {self.warmup_fraction}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"`lr_schedule` must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if self.data.source in SUITE_SOURCES:
             missing = sorted(set(self.data.tasks) - set(self.targets))
             if missing:

@@ -249,6 +249,8 @@ class RouterTrainer:
         warmup = round(self.config.warmup_fraction * self.config.steps)
         if step < warmup:
             return (step + 1) / warmup
+        if self.config.lr_schedule == "constant":
+            return 1.0
         progress = (step - warmup) / max(1, self.config.steps - warmup)
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
