@@ -21,7 +21,7 @@ from elastic_attention.bench.timing import run_header
 from elastic_attention.evaluation.pipeline import load_backbone
 from elastic_attention.evaluation.runner import run_evaluation
 from elastic_attention.integration import runtime_of
-from elastic_attention.training.config import TrainConfig
+from elastic_attention.training.train_config import TrainConfig
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from elastic_attention.adapters import router_state_dict, save_router
 from elastic_attention.integration import attach, is_attached, routers_of, routing_report, runtime_of
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.checkpoint import flatten_optimizer, load_latest, save_checkpoint, unflatten_optimizer
-from elastic_attention.training.config import SUITE_SOURCES, TrainConfig
+from elastic_attention.training.train_config import SUITE_SOURCES, TrainConfig
 from elastic_attention.training.distributed import (
     copy_into,
     distributed_rank,
