@@ -1,8 +1,9 @@
-"""One hybrid attention layer: backends against dense attention and the ideal (issue 5, item 4a).
+"""One hybrid attention layer: backends against dense attention and the ideal.
 
 For each length and MSR (the share of KV heads routed to SSA), it times the routing work of one layer (router on
-pooled keys, block tables, XA estimate) and the attention kernel of each backend, next to dense causal SDPA in the same run; "ideal" is the
-dense time multiplied by the fraction of causal blocks the hybrid layer attends. "total" is routing timed alone plus
+pooled keys, block tables, XA estimate) and the attention kernel of each backend, next to dense causal attention in
+the same run (SDPA: on CUDA the faster of its cuDNN and flash backends; FA4 when installed); "ideal" is the dense
+time (FA4, else SDPA) multiplied by the fraction of causal blocks the hybrid layer attends. "total" is routing timed alone plus
 the kernel timed alone (the host's launch latency of the routing counted in full); "pipelined" is the time per layer
 of ``--pipelined-layers`` layers run back to back (routing, then attention, as in a forward pass, where the host
 queues one layer's routing while the GPU still runs the previous attention). Every backend is checked against the
@@ -100,8 +101,9 @@ def run(args) -> dict:
         **run_header(device),
         "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "dtype": str(dtype)},
         "config": config.to_dict(),
-        "baseline": "dense causal attention in the same run: torch SDPA (cuDNN on CUDA) and flash-attn-4 when "
-                    "installed; ideal = dense FA4 time (else SDPA) x fraction of causal blocks attended",
+        "baseline": "dense causal attention in the same run: torch SDPA (on CUDA the faster of its cuDNN and flash "
+                    "backends, each timed) and flash-attn-4 when installed; ideal = dense FA4 time (else SDPA) x "
+                    "fraction of causal blocks attended",
         "results": rows,
     }
 

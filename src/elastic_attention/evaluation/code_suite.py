@@ -16,10 +16,11 @@ Tasks:
 
   - ``passkey``: one comment ``# The secret key is 482913. Remember it.``; the answer is the key.
   - ``multikey``: four such comments for four named projects; one project is asked.
-  - ``find_definition``: a real function of the snapshot with an integer default parameter, its default replaced
-    by a random three-digit number (so the answer must be read from the context, not recalled from pretraining);
-    the question quotes the default's line up to the literal (``def seek(self, pos, whence=...``) and asks the
-    value. The function's name is defined nowhere else in the context.
+  - ``find_definition``: a real function of the snapshot with an integer default parameter; the function and the
+    parameter renamed (``seek`` -> ``seek_amber``, ``whence`` -> ``whence_amber``) and the default replaced by a
+    random three-digit number, so the answer must be read from the context, not recalled from pretraining. The
+    question quotes the default's line up to the literal (``def seek_amber(self, pos, whence_amber=...``) and asks
+    the value. The function's name is defined nowhere else in the context.
   - ``multivalue``: two comments ``# A secret key of the amber project is 482913.`` at independent depths; both keys
     are asked (RULER's multi-value needle).
 
@@ -316,6 +317,7 @@ def find_definition(length: int, seed: int, tokenizer, *, depth: float | None = 
 
 def _definition_row(task: str, length: int, seed: int, tokenizer, rng: SampleRandom, *, depth: float | None = None,
                     from_end: int | None = None) -> TaskRow:
+    """A definition row of ``task`` with the function at ``depth`` or ``from_end`` tokens before the context's end."""
     definitions = integer_defaults()
     files = stdlib_files()
     for _ in range(32):
