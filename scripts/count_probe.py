@@ -30,13 +30,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pretrain_backbone as pretrain  # noqa: E402
 
-from elastic_attention.evaluation.tasks import SampleRandom, filler_sentence  # noqa: E402
-from elastic_attention.evaluation.vocabulary import (  # noqa: E402
-    COLOR_WORDS,
-    PARAGRAPH_MARKER,
-    SHARED_NOUNS,
-    build_tokenizer,
-)
+from elastic_attention.evaluation.rows import SampleRandom  # noqa: E402
+from elastic_attention.evaluation.synthetic.filler import filler_sentence  # noqa: E402
+from elastic_attention.evaluation.synthetic.tokenizer import build_tokenizer  # noqa: E402
+from elastic_attention.evaluation.synthetic.words import COLOR_WORDS, PARAGRAPH_MARKER, SHARED_NOUNS  # noqa: E402
 
 QUESTIONS = {
     "mid": "question : how many times does the color {color} appear in the last paragraph ?",

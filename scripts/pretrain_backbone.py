@@ -78,18 +78,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from elastic_attention.evaluation.tasks import (
+from elastic_attention.evaluation.rows import SampleRandom
+from elastic_attention.evaluation.synthetic import (
     ROBUST_TASKS,
     SENSITIVE_TASKS,
     TASKS,
-    SampleRandom,
     count_question,
-    filler_sentence,
     generate,
     pattern_question,
     score,
 )
-from elastic_attention.evaluation.vocabulary import (
+from elastic_attention.evaluation.synthetic.filler import filler_sentence
+from elastic_attention.evaluation.synthetic.tokenizer import build_tokenizer, decode_answer, render_answer, render_prompt
+from elastic_attention.evaluation.synthetic.words import (
     COLOR_WORDS,
     KEY_TOKENS,
     NEEDLE_MARKER,
@@ -100,11 +101,7 @@ from elastic_attention.evaluation.vocabulary import (
     VALUE_TOKENS,
     VARIABLE_MARKER,
     VARIABLE_TOKENS,
-    build_tokenizer,
-    decode_answer,
     filler_words,
-    render_answer,
-    render_prompt,
 )
 from elastic_attention.errors import InputError
 

@@ -184,7 +184,7 @@ def random_suite_backbone(tmp_path_factory):
     """A tiny random Qwen3 with the suite tokenizer, saved like a real checkpoint: a folder for from_pretrained."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from elastic_attention.evaluation.vocabulary import build_tokenizer
+    from elastic_attention.evaluation.synthetic.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ from elastic_attention.evaluation.corpus import stdlib_files
 from elastic_attention.evaluation.head_ranking import evidence_positions
 from elastic_attention.evaluation.scoring import edit_similarity, first_answer_line, first_integer
 from elastic_attention.evaluation.suites import get_suite, suite_of
-from elastic_attention.evaluation.tasks import TaskRow
+from elastic_attention.evaluation.rows import TaskRow
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"

@@ -27,7 +27,8 @@ def probe():
 @pytest.mark.parametrize("question", ["mid", "last", "list"])
 def test_answers_are_recounted_from_the_paragraph(probe, question):
     """Oracle: re-read each paragraph's colour sentences and the asked colour from the words themselves."""
-    from elastic_attention.evaluation.vocabulary import PARAGRAPH_MARKER, build_tokenizer
+    from elastic_attention.evaluation.synthetic.tokenizer import build_tokenizer
+    from elastic_attention.evaluation.synthetic.words import PARAGRAPH_MARKER
 
     ids = build_tokenizer().get_vocab()
     words_of = {index: word for word, index in ids.items()}

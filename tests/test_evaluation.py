@@ -14,7 +14,7 @@ from elastic_attention.cli import parse_length
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation.head_ranking import retrieval_scores, static_routing
 from elastic_attention.evaluation.pipeline import evaluate_model, load_backbone, rank_heads, resolve_tasks
-from elastic_attention.evaluation.tasks import ROBUST_TASKS, SENSITIVE_TASKS, TASKS, generate
+from elastic_attention.evaluation.synthetic import ROBUST_TASKS, SENSITIVE_TASKS, TASKS, generate
 
 
 @pytest.fixture

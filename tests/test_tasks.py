@@ -14,19 +14,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation import tasks
-from elastic_attention.evaluation.tasks import (
+from elastic_attention.evaluation import synthetic
+from elastic_attention.evaluation.rows import TaskRow, sample_seed
+from elastic_attention.evaluation.synthetic import (
     INSTRUCTIONS,
     LENGTH_TOLERANCE_TOKENS,
     ROBUST_TASKS,
     SENSITIVE_TASKS,
     TASKS,
-    TaskRow,
     generate,
     score,
 )
-from elastic_attention.evaluation.vocabulary import (
-    CHAT_PROMPT_OVERHEAD_TOKENS,
+from elastic_attention.evaluation.synthetic.tokenizer import CHAT_PROMPT_OVERHEAD_TOKENS
+from elastic_attention.evaluation.synthetic.words import (
     COLOR_WORDS,
     KEY_TOKENS,
     MARKER_WORDS,
@@ -127,10 +127,10 @@ def test_same_seed_same_rows_and_different_seeds_differ(task: str) -> None:
 
 def test_rows_are_identical_in_another_process() -> None:
     script = (
-        "import json; from elastic_attention.evaluation.tasks import generate, TASKS; "
+        "import json; from elastic_attention.evaluation.synthetic import generate, TASKS; "
         "print(json.dumps([[r.prompt, r.answer] for t in sorted(TASKS) for r in generate(t, 700, 3, 2)]))"
     )
-    src = str(Path(tasks.__file__).resolve().parents[2])
+    src = str(Path(synthetic.__file__).resolve().parents[3])
     env = {**os.environ, "PYTHONPATH": src, "PYTHONHASHSEED": "12345"}
     output = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     here = [[row.prompt, row.answer] for task in sorted(TASKS) for row in generate(task, 700, 3, 2)]
@@ -139,7 +139,7 @@ def test_rows_are_identical_in_another_process() -> None:
 
 def test_sample_seed_is_stable() -> None:
     # SHA-256 based: a fixed value, independent of PYTHONHASHSEED and the Python version.
-    assert tasks.sample_seed("needle_single", 512, 0, 0) == int.from_bytes(
+    assert sample_seed("needle_single", 512, 0, 0) == int.from_bytes(
         __import__("hashlib").sha256(b"needle_single|512|0|0").digest()[:8], "big"
     )
 
@@ -241,7 +241,7 @@ def test_robust_answers_come_from_the_last_300_tokens(task: str, rows: dict) -> 
                 assert "sequence" not in far
             if task == "local_count":
                 assert not far & set(COLOR_WORDS)
-            assert row.metadata["final_paragraph_tokens"] <= tasks.FINAL_PARAGRAPH_MAX_TOKENS
+            assert row.metadata["final_paragraph_tokens"] <= synthetic.FINAL_PARAGRAPH_MAX_TOKENS
 
 
 @pytest.mark.parametrize("task", SENSITIVE_TASKS)

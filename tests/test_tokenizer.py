@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_attention.evaluation.tasks import TASKS, TaskRow, generate
-from elastic_attention.evaluation.vocabulary import (
-    ASSISTANT_TOKEN,
-    BOS_TOKEN,
+from elastic_attention.evaluation.rows import TaskRow
+from elastic_attention.evaluation.synthetic import TASKS, generate
+from elastic_attention.evaluation.synthetic.tokenizer import (
     CHAT_PROMPT_OVERHEAD_TOKENS,
-    EOS_TOKEN,
-    PAD_TOKEN,
-    UNK_TOKEN,
-    USER_TOKEN,
     build_tokenizer,
     decode_answer,
     encode_row,
     render_answer,
     render_prompt,
+)
+from elastic_attention.evaluation.synthetic.words import (
+    ASSISTANT_TOKEN,
+    BOS_TOKEN,
+    EOS_TOKEN,
+    PAD_TOKEN,
+    UNK_TOKEN,
+    USER_TOKEN,
     vocabulary,
 )
 

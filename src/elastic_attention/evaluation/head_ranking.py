@@ -17,7 +17,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from elastic_attention.chat import render_prompt
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation.suites import suite_of
-from elastic_attention.evaluation.tasks import TaskRow
+from elastic_attention.evaluation.rows import TaskRow
 from elastic_attention.integration import is_attached
 from elastic_attention.integration.families import attention_modules, decoder_of, family_of
 

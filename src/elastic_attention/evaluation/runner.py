@@ -21,7 +21,7 @@ from torch import nn
 
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation.suites import suite_of
-from elastic_attention.evaluation.tasks import TaskRow
+from elastic_attention.evaluation.rows import TaskRow
 from elastic_attention.integration import force_routing, routing_report
 
 MODES = ("full", "elastic", "static", "sparse")

@@ -1,6 +1,6 @@
 """The task suites behind one small interface: how rows are generated, encoded, decoded and scored.
 
-- ``synthetic``: the word-level suite of :mod:`elastic_attention.evaluation.tasks`, for the backbones trained here
+- ``synthetic``: the word-level suite of :mod:`elastic_attention.evaluation.synthetic`, for the backbones trained here
   on its tokenizer (exact lengths, exact-match scoring).
 - ``code``: the real-text suite of :mod:`elastic_attention.evaluation.code_suite`, for real pretrained models
   (Python standard-library source, the model's own tokenizer and chat template).
@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation import code_suite, tasks, vocabulary
+from elastic_attention.evaluation import code_suite, synthetic
 from elastic_attention.evaluation.scoring import Score
-from elastic_attention.evaluation.tasks import TaskRow
+from elastic_attention.evaluation.rows import TaskRow
+from elastic_attention.evaluation.synthetic.tokenizer import decode_answer, encode_row
 
 
 @dataclass(frozen=True)
@@ -74,24 +75,24 @@ class Suite:
 
 
 def _synthetic_generate(task: str, length: int, seed: int, n: int, tokenizer=None, **options) -> list[TaskRow]:
-    return tasks.generate(task, length, seed, n, **options)
+    return synthetic.generate(task, length, seed, n, **options)
 
 
 def _synthetic_score(prediction: str, row: TaskRow) -> Score:
-    exact = tasks.score(prediction, row)
+    exact = synthetic.score(prediction, row)
     return Score(float(exact), exact)
 
 
 SUITES: dict[str, Suite] = {
     "synthetic": Suite(
         name="synthetic",
-        sensitive=tasks.SENSITIVE_TASKS,
-        robust=tasks.ROBUST_TASKS,
+        sensitive=synthetic.SENSITIVE_TASKS,
+        robust=synthetic.ROBUST_TASKS,
         generate=_synthetic_generate,
-        encode=vocabulary.encode_row,
-        decode=vocabulary.decode_answer,
+        encode=encode_row,
+        decode=decode_answer,
         score=_synthetic_score,
-        ranking_tasks=tuple(task for task in tasks.SENSITIVE_TASKS if task.startswith("needle")),
+        ranking_tasks=tuple(task for task in synthetic.SENSITIVE_TASKS if task.startswith("needle")),
     ),
     "code": Suite(
         name="code",
