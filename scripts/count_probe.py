@@ -30,7 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pretrain_backbone as pretrain  # noqa: E402
 
-from elastic_attention.evaluation.rows import SampleRandom  # noqa: E402
+from elastic_attention.evaluation.sampling import SampleRandom  # noqa: E402
 from elastic_attention.evaluation.synthetic.filler import filler_sentence  # noqa: E402
 from elastic_attention.evaluation.synthetic.tokenizer import build_tokenizer  # noqa: E402
 from elastic_attention.evaluation.synthetic.words import COLOR_WORDS, PARAGRAPH_MARKER, SHARED_NOUNS  # noqa: E402

@@ -78,7 +78,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from elastic_attention.evaluation.rows import SampleRandom
+from elastic_attention.evaluation.sampling import SampleRandom
 from elastic_attention.evaluation.synthetic import (
     ROBUST_TASKS,
     SENSITIVE_TASKS,

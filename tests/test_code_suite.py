@@ -18,7 +18,7 @@ from elastic_attention.evaluation.corpus import stdlib_files
 from elastic_attention.evaluation.head_ranking import evidence_positions
 from elastic_attention.evaluation.scoring import edit_similarity, first_answer_line, first_integer
 from elastic_attention.evaluation.suites import get_suite, suite_of
-from elastic_attention.evaluation.rows import TaskRow
+from elastic_attention.rows import Row, encode_row
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -123,13 +123,13 @@ def test_scoring_against_hand_computed_cases():
     assert edit_similarity("", "") == 1.0 and edit_similarity("abc", "") == 0.0
     assert first_integer("The key is 0421, not 7.") == "0421" and first_integer("none") is None
     assert first_answer_line("```python\n    x = 1\n```") == "x = 1"
-    row = TaskRow("", "q", "482913", "passkey", "i", {})
+    row = Row("", "q", "482913", "passkey", "i", {})
     assert code_suite.score("The secret key is 482913.", row).exact
     assert not code_suite.score("482914", row).exact
-    line = TaskRow("", "q", "x = f(a)", "next_line", "i", {})
+    line = Row("", "q", "x = f(a)", "next_line", "i", {})
     scored = code_suite.score("```python\nx = f(b)\n```", line)
     assert scored.accuracy == pytest.approx(1 - 1 / 8) and not scored.exact
-    keys = TaskRow("", "q", "482913, 105577", "multivalue", "i", {"keys": ["482913", "105577"]})
+    keys = Row("", "q", "482913, 105577", "multivalue", "i", {"keys": ["482913", "105577"]})
     assert code_suite.score("105577, 482913", keys).exact
     assert not code_suite.score("482913", keys).exact
     assert not code_suite.score("482913, 105577, 777777", keys).exact
@@ -137,7 +137,7 @@ def test_scoring_against_hand_computed_cases():
 
 def test_evidence_positions_cover_the_needle_tokens(tokenizer):
     row = code_suite.generate("passkey", 2048, 1, 1, tokenizer)[0]
-    prompt_ids, _ = code_suite.encode(tokenizer, row)
+    prompt_ids = encode_row(tokenizer, row).prompt_ids
     positions = evidence_positions(tokenizer, row, prompt_ids)
     assert positions == list(range(positions[0], positions[-1] + 1))
     text = tokenizer.decode([prompt_ids[p] for p in positions])

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation import synthetic
-from elastic_attention.evaluation.rows import TaskRow, sample_seed
+from elastic_attention.evaluation.sampling import sample_seed
+from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic import (
     INSTRUCTIONS,
     LENGTH_TOLERANCE_TOKENS,
@@ -43,7 +44,7 @@ TAIL_TOKENS = 300
 BOUNDARY_TOKENS = 100
 
 
-def rendered_tokens(row: TaskRow) -> list[str]:
+def rendered_tokens(row: Row) -> list[str]:
     """The rendered chat prompt as words, without the tokenizer: ``<bos> <user> prompt <assistant>``."""
     return ["<bos>", "<user>", *row.prompt.split(), "<assistant>"]
 
@@ -99,7 +100,7 @@ def head(context: str, tokens: int = TAIL_TOKENS) -> str:
 
 
 @pytest.fixture(scope="module")
-def rows() -> dict[tuple[str, int, int], TaskRow]:
+def rows() -> dict[tuple[str, int, int], Row]:
     return {(task, length, seed): generate(task, length, seed, 1)[0] for task in TASKS for length in LENGTHS for seed in SEEDS}
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_attention.evaluation.rows import TaskRow
+from elastic_attention.rows import Row, encode_row
 from elastic_attention.evaluation.synthetic import TASKS, generate
 from elastic_attention.evaluation.synthetic.tokenizer import (
     CHAT_PROMPT_OVERHEAD_TOKENS,
     build_tokenizer,
     decode_answer,
-    encode_row,
     render_answer,
     render_prompt,
 )
@@ -27,6 +26,11 @@ from elastic_attention.evaluation.synthetic.words import (
 transformers = pytest.importorskip("transformers")
 
 
+def _ids(tokenizer, row: Row) -> tuple[list[int], list[int]]:
+    encoded = encode_row(tokenizer, row)
+    return encoded.prompt_ids, encoded.answer_ids
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_tokenizer()
@@ -41,7 +45,7 @@ def reloaded(tokenizer, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def rows() -> list[TaskRow]:
+def rows() -> list[Row]:
     return [row for task in TASKS for length in (256, 512, 2000) for row in generate(task, length, 4, 2)]
 
 
@@ -75,13 +79,13 @@ def test_round_trip_of_prompts_and_answers(reloaded, rows) -> None:
 
 def test_no_unknown_tokens(reloaded, rows) -> None:
     for row in rows:
-        prompt_ids, answer_ids = encode_row(reloaded, row)
+        prompt_ids, answer_ids = _ids(reloaded, row)
         assert reloaded.unk_token_id not in prompt_ids + answer_ids, row.task
 
 
 def test_rendered_prompt_length_in_tokens(reloaded, rows) -> None:
     for row in rows:
-        prompt_ids, _ = encode_row(reloaded, row)
+        prompt_ids, _ = _ids(reloaded, row)
         assert len(prompt_ids) == row.metadata["length"]
         assert len(prompt_ids) == CHAT_PROMPT_OVERHEAD_TOKENS + len(row.prompt.split())
         # encode() adds nothing: the template writes <bos> itself
@@ -106,14 +110,14 @@ def test_answer_continuation_matches_full_conversation(reloaded, rows) -> None:
         conversation = [{"role": "user", "content": row.prompt}, {"role": "assistant", "content": row.answer}]
         full = reloaded.apply_chat_template(conversation, tokenize=False)
         assert normalized(full) == normalized(render_prompt(reloaded, row) + render_answer(reloaded, row))
-        prompt_ids, answer_ids = encode_row(reloaded, row)
+        prompt_ids, answer_ids = _ids(reloaded, row)
         assert reloaded.encode(full, add_special_tokens=False) == prompt_ids + answer_ids
         assert answer_ids[-1] == reloaded.eos_token_id
 
 
 def test_instruction_and_question_within_100_tokens(reloaded, rows) -> None:
     for row in rows:
-        prompt_ids, _ = encode_row(reloaded, row)
+        prompt_ids, _ = _ids(reloaded, row)
         first = reloaded.decode(prompt_ids[:100])
         last = reloaded.decode(prompt_ids[-100:])
         assert normalized(row.instruction) in normalized(first)
@@ -122,7 +126,7 @@ def test_instruction_and_question_within_100_tokens(reloaded, rows) -> None:
 
 def test_decode_answer_stops_at_eos_and_drops_specials(reloaded) -> None:
     row = generate("needle_multivalue", 512, 0, 1)[0]
-    _, answer_ids = encode_row(reloaded, row)
+    _, answer_ids = _ids(reloaded, row)
     junk = reloaded.encode("k1 v2 .", add_special_tokens=False)
     assert decode_answer(reloaded, answer_ids + junk) == row.answer
     assert decode_answer(reloaded, answer_ids[:-1]) == row.answer

@@ -23,6 +23,7 @@ from pathlib import Path
 from elastic_attention.assets import LM_EVAL_TASKS
 from elastic_attention.errors import InputError
 from elastic_attention.integration import routing_report
+from elastic_attention.rows import encode_row
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def export_suite_jsonl(tokenizer, task: str, length: int, samples: int, path: st
     suite = suite_of(task)
     lines = []
     for row in suite.generate(task, length, seed, samples, tokenizer):
-        prompt_ids, _ = suite.encode(tokenizer, row)
+        prompt_ids = encode_row(tokenizer, row).prompt_ids
         lines.append(json.dumps({"prompt": tokenizer.decode(prompt_ids), "answer": row.answer, "task": task,
                                  "kind": suite.kind(task), "length": length}))
     path = Path(path)

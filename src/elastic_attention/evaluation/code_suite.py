@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_attention.chat import encode_chat, encode_prompt
+from elastic_attention.chat import encode_prompt
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation.corpus import (
     completion_targets,
@@ -59,7 +59,8 @@ from elastic_attention.evaluation.corpus import (
     stdlib_files,
 )
 from elastic_attention.evaluation.scoring import Score, edit_similarity, first_answer_line, first_integer
-from elastic_attention.evaluation.rows import SampleRandom, TaskRow, sample_seed
+from elastic_attention.evaluation.sampling import SampleRandom, sample_seed
+from elastic_attention.rows import Row
 
 #: A rendered prompt has at most the requested tokens and at most this many fewer.
 LENGTH_TOLERANCE_TOKENS = 64
@@ -194,7 +195,7 @@ def _build(
     reverse: bool = False,
     max_new_tokens: int,
     extra: dict[str, Any] | None = None,
-) -> TaskRow:
+) -> Row:
     """Fit filler from ``stream`` around ``inserts`` so the rendered prompt meets the length contract."""
     counter = line_tokens(tokenizer)
     instruction = INSTRUCTIONS[task]
@@ -237,7 +238,7 @@ def _build(
         "max_new_tokens": max_new_tokens,
         **(extra or {}),
     }
-    return TaskRow(context=context, question=question, answer=answer, task=task, instruction=instruction,
+    return Row(context=context, question=question, answer=answer, task=task, instruction=instruction,
                    metadata=metadata)
 
 
@@ -279,7 +280,7 @@ def _any_file(rng: SampleRandom, excluded: frozenset[int] = frozenset()):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def passkey(length: int, seed: int, tokenizer, *, depth: float | None = None) -> TaskRow:
+def passkey(length: int, seed: int, tokenizer, *, depth: float | None = None) -> Row:
     """One secret key in a comment at ``depth`` (drawn from `SENSITIVE_DEPTHS` when None); asked at the end."""
     rng = SampleRandom(seed)
     key = _number(rng, 6)
@@ -289,7 +290,7 @@ def passkey(length: int, seed: int, tokenizer, *, depth: float | None = None) ->
                   max_new_tokens=16, extra={"key": key})
 
 
-def multikey(length: int, seed: int, tokenizer, *, num_keys: int = 4) -> TaskRow:
+def multikey(length: int, seed: int, tokenizer, *, num_keys: int = 4) -> Row:
     """``num_keys`` (2-8) project keys in comments at independent depths; the key of one project is asked."""
     if not 2 <= num_keys <= 8:
         raise InputError(f"`num_keys` must be in [2, 8], got {num_keys}")
@@ -305,7 +306,7 @@ def multikey(length: int, seed: int, tokenizer, *, num_keys: int = 4) -> TaskRow
                   stream=_any_file(rng), max_new_tokens=16, extra={"projects": projects, "keys": keys})
 
 
-def find_definition(length: int, seed: int, tokenizer, *, depth: float | None = None) -> TaskRow:
+def find_definition(length: int, seed: int, tokenizer, *, depth: float | None = None) -> Row:
     """A real function with its integer default replaced by a random number, at ``depth`` (drawn from
     `SENSITIVE_DEPTHS` when None); the default is asked, the definition's line quoted up to the literal.
 
@@ -316,7 +317,7 @@ def find_definition(length: int, seed: int, tokenizer, *, depth: float | None = 
 
 
 def _definition_row(task: str, length: int, seed: int, tokenizer, rng: SampleRandom, *, depth: float | None = None,
-                    from_end: int | None = None) -> TaskRow:
+                    from_end: int | None = None) -> Row:
     """A definition row of ``task`` with the function at ``depth`` or ``from_end`` tokens before the context's end."""
     definitions = integer_defaults()
     files = stdlib_files()
@@ -358,7 +359,7 @@ def _definition_row(task: str, length: int, seed: int, tokenizer, rng: SampleRan
                   stream=stream, max_new_tokens=16, extra=extra)
 
 
-def multivalue(length: int, seed: int, tokenizer, *, num_values: int = 2) -> TaskRow:
+def multivalue(length: int, seed: int, tokenizer, *, num_values: int = 2) -> Row:
     """``num_values`` (2-4) secret keys of one project in comments at independent depths; all of them are asked."""
     if not 2 <= num_values <= 4:
         raise InputError(f"`num_values` must be in [2, 4], got {num_values}")
@@ -378,7 +379,7 @@ def multivalue(length: int, seed: int, tokenizer, *, num_values: int = 2) -> Tas
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def next_line(length: int, seed: int, tokenizer) -> TaskRow:
+def next_line(length: int, seed: int, tokenizer) -> Row:
     """The code before a real single-line statement of a function, then the statement's first words; the answer is
     the whole statement line (stripped)."""
     rng = SampleRandom(seed)
@@ -398,7 +399,7 @@ def next_line(length: int, seed: int, tokenizer) -> TaskRow:
                   extra={"file": stdlib_files()[file_index].path, "line": line_index + 1, "prefix": target[:cut]})
 
 
-def recent_fact(length: int, seed: int, tokenizer) -> TaskRow:
+def recent_fact(length: int, seed: int, tokenizer) -> Row:
     """A build-number note 150-600 tokens before the end of the context; the number is asked."""
     rng = SampleRandom(seed)
     number = _number(rng, 5)
@@ -409,7 +410,7 @@ def recent_fact(length: int, seed: int, tokenizer) -> TaskRow:
                   stream=_any_file(rng), max_new_tokens=16, extra={"number": number})
 
 
-def recent_definition(length: int, seed: int, tokenizer) -> TaskRow:
+def recent_definition(length: int, seed: int, tokenizer) -> Row:
     """`find_definition` with the function placed 50-250 tokens before the end of the context."""
     rng = SampleRandom(seed)
     return _definition_row("recent_definition", length, seed, tokenizer, rng, from_end=rng.integer(50, 250))
@@ -419,7 +420,7 @@ def recent_definition(length: int, seed: int, tokenizer) -> TaskRow:
 # Registry, generation, encoding, scoring
 # ----------------------------------------------------------------------------------------------------------------
 
-TASKS: dict[str, Callable[..., TaskRow]] = {
+TASKS: dict[str, Callable[..., Row]] = {
     "passkey": passkey,
     "multikey": multikey,
     "find_definition": find_definition,
@@ -432,7 +433,7 @@ SENSITIVE_TASKS: tuple[str, ...] = ("passkey", "multikey", "find_definition", "m
 ROBUST_TASKS: tuple[str, ...] = ("next_line", "recent_fact", "recent_definition")
 
 
-def generate(task: str, length: int, seed: int, n: int, tokenizer=None, **options: Any) -> list[TaskRow]:
+def generate(task: str, length: int, seed: int, n: int, tokenizer=None, **options: Any) -> list[Row]:
     """``n`` rows of one code-suite task whose rendered prompts meet the length contract under ``tokenizer``.
 
     Raises:
@@ -448,11 +449,6 @@ def generate(task: str, length: int, seed: int, n: int, tokenizer=None, **option
     return [TASKS[task](length, sample_seed(task, length, seed, i), tokenizer, **options) for i in range(n)]
 
 
-def encode(tokenizer, row: TaskRow) -> tuple[list[int], list[int]]:
-    """(prompt ids with the generation prompt, answer-turn ids) under the tokenizer's chat template."""
-    return encode_chat(tokenizer, row.prompt, row.answer)
-
-
 def decode(tokenizer, token_ids: list[int]) -> str:
     """Generated ids up to the first end-of-sequence token, special tokens dropped, lines kept."""
     ids = list(token_ids)
@@ -461,7 +457,7 @@ def decode(tokenizer, token_ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True).strip()
 
 
-def score(prediction: str, row: TaskRow) -> Score:
+def score(prediction: str, row: Row) -> Score:
     """Score a decoded prediction.
 
     - ``next_line``: accuracy is the edit similarity of the prediction's first code line to the answer line

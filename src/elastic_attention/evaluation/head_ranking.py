@@ -16,8 +16,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from elastic_attention.chat import render_prompt
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.suites import suite_of
-from elastic_attention.evaluation.rows import TaskRow
+from elastic_attention.rows import Row, encode_row
 from elastic_attention.integration import is_attached
 from elastic_attention.integration.families import attention_modules, decoder_of, family_of
 
@@ -38,7 +37,7 @@ def _probe_attention(module: nn.Module, query, key, value, attention_mask, **kwa
 AttentionInterface.register(PROBE_NAME, _probe_attention)
 
 
-def evidence_positions(tokenizer, row: TaskRow, prompt_ids: list[int]) -> list[int]:
+def evidence_positions(tokenizer, row: Row, prompt_ids: list[int]) -> list[int]:
     """Prompt token positions of the row's evidence.
 
     Code-suite rows carry ``evidence_spans`` (character spans of ``row.prompt``): the positions are the tokens of
@@ -66,7 +65,7 @@ def evidence_positions(tokenizer, row: TaskRow, prompt_ids: list[int]) -> list[i
     raise InputError(f"the instruction of a {row.task!r} row is not in its rendered prompt")
 
 
-def _span_positions(tokenizer, row: TaskRow, prompt_ids: list[int]) -> list[int]:
+def _span_positions(tokenizer, row: Row, prompt_ids: list[int]) -> list[int]:
     spans = row.metadata["evidence_spans"]
     if not spans:
         raise InputError(f"row of task {row.task!r} has no evidence spans; rank heads on needle tasks")
@@ -83,7 +82,7 @@ def _span_positions(tokenizer, row: TaskRow, prompt_ids: list[int]) -> list[int]
 
 
 @torch.no_grad()
-def retrieval_scores(model: nn.Module, tokenizer, rows: list[TaskRow]) -> torch.Tensor:
+def retrieval_scores(model: nn.Module, tokenizer, rows: list[Row]) -> torch.Tensor:
     """Mean attention mass from the last prompt token onto the evidence tokens.
 
     Args:
@@ -104,7 +103,7 @@ def retrieval_scores(model: nn.Module, tokenizer, rows: list[TaskRow]) -> torch.
     total = None
     try:
         for row in rows:
-            prompt_ids, _ = suite_of(row.task).encode(tokenizer, row)
+            prompt_ids = encode_row(tokenizer, row).prompt_ids
             positions = torch.tensor(evidence_positions(tokenizer, row, prompt_ids), device=device)
             model(torch.tensor([prompt_ids], device=device), logits_to_keep=1)
             mass = torch.stack(

@@ -21,7 +21,7 @@ from torch import nn
 
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation.suites import suite_of
-from elastic_attention.evaluation.rows import TaskRow
+from elastic_attention.rows import Row, encode_row
 from elastic_attention.integration import force_routing, routing_report
 
 MODES = ("full", "elastic", "static", "sparse")
@@ -105,7 +105,7 @@ class CellResult:
 
 
 @torch.no_grad()
-def evaluate_rows(model: nn.Module, tokenizer, rows: list[TaskRow], batch_size: int = 8) -> dict[str, list]:
+def evaluate_rows(model: nn.Module, tokenizer, rows: list[Row], batch_size: int = 8) -> dict[str, list]:
     """Greedy answers for ``rows`` on an attached model, in left-padded batches.
 
     Every batch is padded to at least the rows' requested length (``metadata["length"]``), so the batches of one
@@ -122,15 +122,15 @@ def evaluate_rows(model: nn.Module, tokenizer, rows: list[TaskRow], batch_size: 
     for start in range(0, len(rows), batch_size):
         batch_rows = rows[start : start + batch_size]
         suites = [suite_of(row.task) for row in batch_rows]
-        encoded = [suite.encode(tokenizer, row) for suite, row in zip(suites, batch_rows)]
-        width = max([len(prompt) for prompt, _ in encoded] + [row.metadata.get("length", 0) for row in batch_rows])
+        encoded = [encode_row(tokenizer, row) for row in batch_rows]
+        width = max([len(e.prompt_ids) for e in encoded] + [row.metadata.get("length", 0) for row in batch_rows])
         input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
-        for row_index, (prompt, _) in enumerate(encoded):
-            input_ids[row_index, width - len(prompt) :] = torch.tensor(prompt)
-            attention_mask[row_index, width - len(prompt) :] = 1
-        new_tokens = max(row.metadata.get("max_new_tokens", len(answer) + 1)
-                         for row, (_, answer) in zip(batch_rows, encoded))
+        for row_index, e in enumerate(encoded):
+            input_ids[row_index, width - len(e.prompt_ids) :] = torch.tensor(e.prompt_ids)
+            attention_mask[row_index, width - len(e.prompt_ids) :] = 1
+        new_tokens = max(row.metadata.get("max_new_tokens", len(e.answer_ids) + 1)
+                         for row, e in zip(batch_rows, encoded))
         tokens = model.generate(
             input_ids.to(device),
             attention_mask=attention_mask.to(device),

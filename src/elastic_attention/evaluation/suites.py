@@ -1,4 +1,5 @@
-"""The task suites behind one small interface: how rows are generated, encoded, decoded and scored.
+"""The task suites behind one small interface: how rows are generated, decoded and scored (every row is encoded
+the same way, by `elastic_attention.rows.encode_row`).
 
 - ``synthetic``: the word-level suite of :mod:`elastic_attention.evaluation.synthetic`, for the backbones trained here
   on its tokenizer (exact lengths, exact-match scoring).
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation import code_suite, synthetic
 from elastic_attention.evaluation.scoring import Score
-from elastic_attention.evaluation.rows import TaskRow
-from elastic_attention.evaluation.synthetic.tokenizer import decode_answer, encode_row
+from elastic_attention.rows import Row
+from elastic_attention.evaluation.synthetic.tokenizer import decode_answer
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,6 @@ class Suite:
         sensitive: its sparsity-sensitive tasks.
         robust: its sparsity-robust tasks.
         generate: ``(task, length, seed, n, tokenizer) -> rows``.
-        encode: ``(tokenizer, row) -> (prompt ids, answer ids)``; the prompt ends with the generation prompt.
         decode: ``(tokenizer, generated ids) -> prediction text``.
         score: ``(prediction, row) -> Score``.
         ranking_tasks: the tasks whose rows rank heads by retrieval score (single-evidence needles).
@@ -38,10 +38,9 @@ class Suite:
     name: str
     sensitive: tuple[str, ...]
     robust: tuple[str, ...]
-    generate: Callable[..., list[TaskRow]]
-    encode: Callable[..., tuple[list[int], list[int]]]
+    generate: Callable[..., list[Row]]
     decode: Callable[..., str]
-    score: Callable[[str, TaskRow], Score]
+    score: Callable[[str, Row], Score]
     ranking_tasks: tuple[str, ...]
 
     @property
@@ -74,11 +73,11 @@ class Suite:
         return list(dict.fromkeys(resolved))
 
 
-def _synthetic_generate(task: str, length: int, seed: int, n: int, tokenizer=None, **options) -> list[TaskRow]:
+def _synthetic_generate(task: str, length: int, seed: int, n: int, tokenizer=None, **options) -> list[Row]:
     return synthetic.generate(task, length, seed, n, **options)
 
 
-def _synthetic_score(prediction: str, row: TaskRow) -> Score:
+def _synthetic_score(prediction: str, row: Row) -> Score:
     exact = synthetic.score(prediction, row)
     return Score(float(exact), exact)
 
@@ -89,7 +88,6 @@ SUITES: dict[str, Suite] = {
         sensitive=synthetic.SENSITIVE_TASKS,
         robust=synthetic.ROBUST_TASKS,
         generate=_synthetic_generate,
-        encode=encode_row,
         decode=decode_answer,
         score=_synthetic_score,
         ranking_tasks=tuple(task for task in synthetic.SENSITIVE_TASKS if task.startswith("needle")),
@@ -99,7 +97,6 @@ SUITES: dict[str, Suite] = {
         sensitive=code_suite.SENSITIVE_TASKS,
         robust=code_suite.ROBUST_TASKS,
         generate=code_suite.generate,
-        encode=code_suite.encode,
         decode=code_suite.decode,
         score=code_suite.score,
         ranking_tasks=("passkey", "multikey"),

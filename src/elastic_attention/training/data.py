@@ -1,6 +1,5 @@
-"""Training data for the routers: rows rendered with the chat template and packed to a token budget.
-
-A row is (context, question, answer, task), optionally with an instruction. Packing keeps per-sample boundaries:
+"""Training data for the routers: rows (`elastic_attention.rows.Row`, encoded by `encode_row`, as in evaluation)
+read from files and packed to a token budget. Packing keeps per-sample boundaries:
 each packed sample gets its own positions (restarting at 0), so elastic attention routes and attends it on its own.
 """
 
@@ -14,47 +13,12 @@ from pathlib import Path
 
 import torch
 
-from elastic_attention.chat import encode_chat
 from elastic_attention.errors import InputError
+from elastic_attention.rows import EncodedRow, Row
 
 logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
-
-
-@dataclass(frozen=True)
-class Row:
-    """One training sample.
-
-    Attributes:
-        context: the long document.
-        question: the question that ends the prompt.
-        answer: the expected answer.
-        task: task name; it selects the sparsity target.
-        instruction: optional text that starts the prompt.
-    """
-
-    context: str
-    question: str
-    answer: str
-    task: str
-    instruction: str = ""
-
-    @property
-    def prompt(self) -> str:
-        return "\n".join(part for part in (self.instruction, self.context, self.question) if part)
-
-
-@dataclass(frozen=True)
-class EncodedRow:
-    """Token ids of one row: the prompt (with the generation prompt) and the answer continuation."""
-
-    prompt_ids: list[int]
-    answer_ids: list[int]
-    task: str
-
-    def __len__(self) -> int:
-        return len(self.prompt_ids) + len(self.answer_ids)
 
 
 @dataclass(frozen=True)
@@ -79,16 +43,6 @@ class Pack:
     def prompt_lengths(self) -> list[int]:
         """The prompt length of each sample: what the routers pool (they never see the answer)."""
         return [prompt_length for _, _, prompt_length in self.spans]
-
-
-def encode_row(tokenizer, row: Row) -> EncodedRow:
-    """Render a row with the tokenizer's chat template: prompt with generation prompt, then the answer turn.
-
-    Raises:
-        InputError: the tokenizer has no chat template, or the rendered answer turn does not extend the prompt.
-    """
-    prompt_ids, answer_ids = encode_chat(tokenizer, row.prompt, row.answer)
-    return EncodedRow(prompt_ids, answer_ids, row.task)
 
 
 def pack_rows(

@@ -34,7 +34,8 @@ from elastic_attention.training.distributed import (
     shard_backbone,
     training_device,
 )
-from elastic_attention.training.data import IGNORE_INDEX, Pack, Row, encode_row, load_rows, pack_rows
+from elastic_attention.rows import encode_row
+from elastic_attention.training.data import IGNORE_INDEX, Pack, load_rows, pack_rows
 from elastic_attention.training.objective import SparsityObjective
 from elastic_attention.training.run_folder import check_resumable, claim_run_folder
 
@@ -145,12 +146,7 @@ class RouterTrainer:
             per_cell = math.ceil(data.rows / (len(data.tasks) * len(data.lengths)))
             cells = [suite.generate(task, length, data.seed, per_cell, self.tokenizer)
                      for length in data.lengths for task in data.tasks]
-            rows = [
-                Row(cell[index].context, cell[index].question, cell[index].answer, cell[index].task,
-                    cell[index].instruction)
-                for index in range(per_cell)
-                for cell in cells
-            ][: data.rows]
+            rows = [cell[index] for index in range(per_cell) for cell in cells][: data.rows]
         else:
             rows = load_rows(data.source)
         self.objective.task_indices([row.task for row in rows])

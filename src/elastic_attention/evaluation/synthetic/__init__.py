@@ -1,6 +1,6 @@
 """Synthetic long-context tasks: sparsity-sensitive retrieval and sparsity-robust local tasks.
 
-Every sample is a :class:`TaskRow`. Its prompt is ``instruction`` (a fixed task-specific sentence), the long
+Every sample is a :class:`Row`. Its prompt is ``instruction`` (a fixed task-specific sentence), the long
 ``context``, then ``question`` (a task-specific format), so a router that pools only the first and last 100 prompt
 tokens can tell the task apart. Every word is one token of the suite tokenizer
 (:mod:`elastic_attention.evaluation.synthetic.words`).
@@ -58,7 +58,8 @@ from collections.abc import Callable
 from typing import Any
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.rows import TaskRow, sample_seed
+from elastic_attention.evaluation.sampling import sample_seed
+from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic.context import (
     FINAL_PARAGRAPH_MAX_TOKENS,
     INSTRUCTIONS,
@@ -99,8 +100,8 @@ __all__ = [
     "variable_tracking",
 ]
 
-#: Task name -> generator ``(length, seed, **options) -> TaskRow``.
-TASKS: dict[str, Callable[..., TaskRow]] = {
+#: Task name -> generator ``(length, seed, **options) -> Row``.
+TASKS: dict[str, Callable[..., Row]] = {
     "needle_single": needle_single,
     "needle_multikey": needle_multikey,
     "needle_multivalue": needle_multivalue,
@@ -113,7 +114,7 @@ SENSITIVE_TASKS: tuple[str, ...] = ("needle_single", "needle_multikey", "needle_
 ROBUST_TASKS: tuple[str, ...] = ("local_recall", "local_pattern", "local_count")
 
 
-def generate(task: str, length: int, seed: int, n: int, **options: Any) -> list[TaskRow]:
+def generate(task: str, length: int, seed: int, n: int, **options: Any) -> list[Row]:
     """Generate ``n`` rows of one task whose rendered prompts are exactly ``length`` tokens.
 
     Args:
@@ -143,7 +144,7 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
-def score(prediction: str, row: TaskRow) -> bool:
+def score(prediction: str, row: Row) -> bool:
     """Exact match of a prediction against the row's answer, after whitespace normalization only.
 
     Args:

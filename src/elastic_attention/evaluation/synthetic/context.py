@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.rows import SampleRandom, TaskRow
+from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic.filler import (
     SENTENCE_MIN_TOKENS,
     TOPICS,
@@ -193,7 +194,7 @@ def task_row(
     context: str,
     layout: dict[str, Any],
     extra: dict[str, Any],
-) -> TaskRow:
+) -> Row:
     offsets = layout.pop("offsets")
     total = layout["context_tokens"]
     metadata = {
@@ -204,7 +205,7 @@ def task_row(
         "depths": [offset / total for offset in offsets],
         **extra,
     }
-    return TaskRow(context, question, answer, task, instruction, metadata)
+    return Row(context, question, answer, task, instruction, metadata)
 
 
 def needles(keys: Sequence[str], values: Sequence[str]) -> list[list[str]]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from elastic_attention.evaluation.rows import SampleRandom, TaskRow
+from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic.context import INSTRUCTIONS, needles, require_count, robust_context, task_row
 from elastic_attention.evaluation.synthetic.words import (
     COLOR_WORDS,
@@ -27,7 +28,7 @@ def _distractor_needles(
     return needles(keys, values)
 
 
-def local_recall(length: int, seed: int, *, num_distractors: int = 2) -> TaskRow:
+def local_recall(length: int, seed: int, *, num_distractors: int = 2) -> Row:
     """A key/value note in the last paragraph, asked at the end; far needles have other keys and values.
 
     Args:
@@ -60,7 +61,7 @@ def count_question(color: str) -> str:
 
 def local_pattern(
     length: int, seed: int, *, num_items: int = 1, period: int | None = None, num_distractors: int = 2
-) -> TaskRow:
+) -> Row:
     """A periodic sequence of value tokens in the last paragraph; the answer continues it.
 
     The sequence shows two to four full periods or more (at least ``2 * period`` items, so the period is determined)
@@ -95,7 +96,7 @@ def local_pattern(
 
 def local_count(
     length: int, seed: int, *, max_count: int = 4, num_other_colors: int = 2, num_distractors: int = 2
-) -> TaskRow:
+) -> Row:
     """Colour sentences ``there is a red cup .`` in the last paragraph; count the asked colour.
 
     Colour words occur nowhere else in the prompt but in the question.

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.rows import SampleRandom, TaskRow
+from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic.context import (
     INSTRUCTIONS,
     needle_depth,
@@ -17,7 +18,7 @@ from elastic_attention.evaluation.synthetic.context import (
 from elastic_attention.evaluation.synthetic.words import KEY_TOKENS, NEEDLE_MARKER, VALUE_TOKENS, VARIABLE_MARKER, VARIABLE_TOKENS
 
 
-def needle_single(length: int, seed: int, *, depth: float | None = None) -> TaskRow:
+def needle_single(length: int, seed: int, *, depth: float | None = None) -> Row:
     """One key/value needle in filler; the question asks the key's value.
 
     Args:
@@ -37,7 +38,7 @@ def needle_single(length: int, seed: int, *, depth: float | None = None) -> Task
     return task_row("needle_single", length, seed, instruction, question, value, context, layout, {"key": key})
 
 
-def needle_multikey(length: int, seed: int, *, depth: float | None = None, num_keys: int = 4) -> TaskRow:
+def needle_multikey(length: int, seed: int, *, depth: float | None = None, num_keys: int = 4) -> Row:
     """``num_keys`` needles with distinct keys and values; one key is asked.
 
     Args:
@@ -72,7 +73,7 @@ def needle_multivalue(
     depths: Sequence[float] | None = None,
     num_values: int = 2,
     num_distractors: int = 2,
-) -> TaskRow:
+) -> Row:
     """One key with ``num_values`` values at different depths, plus distractor needles of other keys.
 
     Args:
@@ -108,7 +109,7 @@ def needle_multivalue(
     return task_row("needle_multivalue", length, seed, instruction, question, answer, context, layout, {"key": keys[0]})
 
 
-def variable_tracking(length: int, seed: int, *, num_chains: int = 2, num_hops: int = 2) -> TaskRow:
+def variable_tracking(length: int, seed: int, *, num_chains: int = 2, num_hops: int = 2) -> Row:
     """Chains of variable assignments spread over the context; list the variables holding the asked value.
 
     Chain ``c`` is ``VAR a = v .``, ``VAR b = a .``, ``VAR c = b .`` ... in increasing depth, so every variable of

@@ -1,4 +1,4 @@
-"""The synthetic suite's word-level Hugging Face tokenizer, its chat template, and row encoding.
+"""The synthetic suite's word-level Hugging Face tokenizer, its chat template, and a row rendered as text.
 
 Every word the suite can produce is one token: the tokenizer is a ``tokenizers`` WordLevel model behind a
 whitespace-split pre-tokenizer, so "number of tokens" and "number of whitespace-separated words" are the same thing
@@ -30,7 +30,7 @@ from elastic_attention.evaluation.synthetic.words import (
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers import PreTrainedTokenizerFast
 
-    from elastic_attention.evaluation.rows import TaskRow
+    from elastic_attention.rows import Row
 
 #: Tokens the chat template adds around one user prompt with the generation prompt: ``<bos> <user> ... <assistant>``.
 CHAT_PROMPT_OVERHEAD_TOKENS = 3
@@ -82,7 +82,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerFast, row: TaskRow) -> str:
+def render_prompt(tokenizer: PreTrainedTokenizerFast, row: Row) -> str:
     """Render a row's prompt as one user turn plus the generation prompt.
 
     Args:
@@ -97,7 +97,7 @@ def render_prompt(tokenizer: PreTrainedTokenizerFast, row: TaskRow) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def render_answer(tokenizer: PreTrainedTokenizerFast, row: TaskRow) -> str:
+def render_answer(tokenizer: PreTrainedTokenizerFast, row: Row) -> str:
     """The text that follows :func:`render_prompt` in a full conversation: the answer, then ``<eos>``.
 
     Args:
@@ -109,22 +109,6 @@ def render_answer(tokenizer: PreTrainedTokenizerFast, row: TaskRow) -> str:
         the user turn plus the assistant answer.
     """
     return f" {row.answer} {tokenizer.eos_token}"
-
-
-def encode_row(tokenizer: PreTrainedTokenizerFast, row: TaskRow) -> tuple[list[int], list[int]]:
-    """Token ids of a row's rendered prompt and of its answer continuation.
-
-    Args:
-        tokenizer: the suite tokenizer.
-        row: the task row.
-
-    Returns:
-        ``(prompt_ids, answer_ids)``: ``prompt_ids`` has ``row.metadata["length"]`` ids and ends with
-        ``<assistant>``; ``answer_ids`` are the answer's ids followed by the ``<eos>`` id.
-    """
-    prompt_ids = tokenizer.encode(render_prompt(tokenizer, row), add_special_tokens=False)
-    answer_ids = tokenizer.encode(render_answer(tokenizer, row), add_special_tokens=False)
-    return prompt_ids, answer_ids
 
 
 def decode_answer(tokenizer: PreTrainedTokenizerFast, token_ids: list[int]) -> str:

@@ -1,8 +1,6 @@
-"""The row type and the random source that every task suite shares.
-
-A :class:`TaskRow` is one sample (instruction, context, question, answer, metadata); :class:`SampleRandom` draws
-depend only on the seed, and :func:`sample_seed` derives each sample's seed from (task, length, seed, index), so
-rows are identical across processes, platforms and Python versions.
+"""The random source every task suite draws from: :class:`SampleRandom` draws depend only on the seed, and
+:func:`sample_seed` derives each sample's seed from (task, length, seed, index), so rows are identical across
+processes, platforms and Python versions.
 """
 
 from __future__ import annotations
@@ -10,40 +8,11 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from elastic_attention.errors import InputError
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    """One sample of the suite.
-
-    Attributes:
-        context: the long text; paragraphs separated by newlines, words by single spaces.
-        question: the task-specific question that ends the prompt.
-        answer: the exact expected answer, words separated by single spaces.
-        task: the task name, a key of its suite's ``TASKS``.
-        instruction: the fixed task-specific sentence that starts the prompt.
-        metadata: ``length`` (rendered prompt tokens), ``seed`` (the sample seed), ``context_tokens``,
-            ``evidence_offsets`` (token offsets in the context of the evidence the answer needs),
-            ``depths`` (those offsets divided by ``context_tokens``) and task-specific fields.
-    """
-
-    context: str
-    question: str
-    answer: str
-    task: str
-    instruction: str
-    metadata: dict[str, Any]
-
-    @property
-    def prompt(self) -> str:
-        """The user prompt: instruction, context and question separated by newlines."""
-        return f"{self.instruction}\n{self.context}\n{self.question}"
 
 
 class SampleRandom:
