@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# The device runner: the GPU work behind the results files, one stage per call of the lent H200 (10 minutes each).
+# The device runner: the GPU work behind every results file, one stage per call of the lent H200 (10 minutes each).
 # Run from the repository root on the device; every stage writes what it made into $OUT (files come back from the
-# device two folders deep at most) and prints its last lines.
+# device two folders deep at most) and prints its last lines. benchmarks/README.md lists, per results file, the
+# stages that produced it and the staging they need.
 #
-#   OUT=$OUT bash benchmarks/device.sh tests             # every GPU test (pytest -m gpu); fa4 tests need flash-attn-4
-#   OUT=$OUT bash benchmarks/device.sh layer             # one hybrid layer, flex (and fa4 when installed) against dense
-#                                                        # SDPA (cuDNN and flash, the faster kept): layer_flex.json
-#   OUT=$OUT bash benchmarks/device.sh real-train        # routers for the real model: configs/qwen2.5_coder_code.yaml
-#   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k  # the real model's table at these lengths, $SAMPLES per cell
+#   OUT=$OUT bash benchmarks/device.sh tests [PYTEST ARGS]   # GPU tests (default: pytest -q -m gpu tests)
+#   OUT=$OUT bash benchmarks/device.sh layer                 # one hybrid layer, flex (and fa4 when installed) against
+#                                                            # dense SDPA (cuDNN and flash, the faster kept): layer_flex.json
+#   OUT=$OUT bash benchmarks/device.sh bench KIND ARGS       # elastic-attention bench KIND ARGS --out $OUT/KIND.json
+#                                                            # (KIND: prefill, decode, layer, train-step)
+#   OUT=$OUT bash benchmarks/device.sh train CONFIG [KEY=VALUE ...]          # router training on one GPU -> $OUT/run
+#   OUT=$OUT bash benchmarks/device.sh torchrun N CONFIG [KEY=VALUE ...]     # the same on N GPUs (distributed=fsdp|ddp)
+#   OUT=$OUT bash benchmarks/device.sh eval ARGS             # elastic-attention eval ARGS --out $OUT/eval
+#   OUT=$OUT bash benchmarks/device.sh script NAME ARGS      # python3 scripts/NAME.py ARGS (pretrain_backbone,
+#                                                            # count_probe, profile_decode, decode_step_trace,
+#                                                            # xa_estimate_timing, compare_routers)
+#   OUT=$OUT bash benchmarks/device.sh real-train            # routers for the real model: configs/qwen2.5_coder_code.yaml
+#   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k      # the real model's table at these lengths, $SAMPLES per cell
 #   ROUTER=path MODES=full,elastic BATCH=8 OUT=$OUT bash benchmarks/device.sh real-eval 32k   # another router, fewer modes
 #
-# The real-model stages need the model at $MODEL: `../shared/tools/real-model-parts` stages it (its header says how;
-# its last call, `bash .rmNN/install.sh`, can precede any stage in the same call). FlashAttention-4 comes from
-# `../shared/tools/fa4-wheels` (two calls; then export the PYTHONPATH its header names).
+# LIMIT (seconds, default 560) bounds every stage. The real-model stages need the model at $MODEL:
+# `../shared/tools/real-model-parts` stages it (its header says how; its last call, `bash .rmNN/install.sh`, can
+# precede any stage in the same call). FlashAttention-4 comes from `../shared/tools/fa4-wheels` (two calls; then
+# export the PYTHONPATH its header names). On a machine of several GPUs keep NVLink multicast off (set here).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+LIMIT=${LIMIT:-560}
 MODEL=${MODEL:-/tmp/qwen2.5-coder-0.5b-instruct}
 RUN=${RUN:-/tmp/qwen_code}
 ROUTER=${ROUTER:-$RUN/router}
@@ -24,14 +36,45 @@ start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 case ${1:-} in
   tests)
-    timeout ${TEST_LIMIT:-560} python3 -m pytest -q -m gpu tests > "$OUT/gpu_tests.log" 2>&1
+    shift
+    timeout $LIMIT python3 -m pytest -q -m gpu -p no:cacheprovider "${@:-tests}" > "$OUT/gpu_tests.log" 2>&1
     echo "tests rc $? at $(( $(date +%s) - start )) s"
     tail -8 "$OUT/gpu_tests.log" ;;
+  bench)
+    kind=${2:?give the benchmark: prefill, decode, layer or train-step}; shift 2
+    timeout $LIMIT $cli bench "$kind" "$@" --out "$OUT/$kind.json" > "$OUT/$kind.log" 2>&1
+    echo "bench $kind rc $? at $(( $(date +%s) - start )) s"
+    tail -5 "$OUT/$kind.log" | cut -c1-400 ;;
+  train)
+    config=${2:?give the training config}; shift 2
+    timeout $LIMIT $cli train "$config" output_dir=/tmp/run "$@" --no-progress > "$OUT/train.log" 2>&1
+    echo "train rc $? at $(( $(date +%s) - start )) s"
+    mkdir -p "$OUT/run/router" && cp /tmp/run/summary.json /tmp/run/metrics.csv /tmp/run/training.png "$OUT/run/" 2>/dev/null
+    cp /tmp/run/router/* "$OUT/run/router/" 2>/dev/null
+    tail -3 "$OUT/train.log" ;;
+  torchrun)
+    gpus=${2:?give the number of GPUs}; config=${3:?give the training config}; shift 3
+    timeout $LIMIT python3 -m torch.distributed.run --standalone --nproc_per_node "$gpus" -m elastic_attention.cli \
+      train "$config" output_dir=/tmp/run "$@" --no-progress > "$OUT/train.log" 2>&1
+    echo "torchrun rc $? at $(( $(date +%s) - start )) s"
+    mkdir -p "$OUT/run/router" && cp /tmp/run/summary.json /tmp/run/metrics.csv /tmp/run/training.png "$OUT/run/" 2>/dev/null
+    cp /tmp/run/router/* "$OUT/run/router/" 2>/dev/null
+    tail -3 "$OUT/train.log" ;;
+  eval)
+    shift
+    timeout $LIMIT $cli eval "$@" --out "$OUT/eval" > "$OUT/eval.log" 2>&1
+    echo "eval rc $? at $(( $(date +%s) - start )) s"
+    tr '\r' '\n' < "$OUT/eval.log" | tail -30 ;;
+  script)
+    name=${2:?give the script name, e.g. pretrain_backbone}; shift 2
+    timeout $LIMIT python3 "scripts/$name.py" "$@" > "$OUT/$name.log" 2>&1
+    echo "script $name rc $? at $(( $(date +%s) - start )) s"
+    tail -10 "$OUT/$name.log" ;;
   layer)
     backends=flex
     python3 -c "from elastic_attention.backends.fa4 import fa4_available as a; raise SystemExit(not a()[0])" \
       && backends=flex,fa4
-    timeout ${LAYER_LIMIT:-400} $cli bench layer --lengths ${LENGTHS:-32k,128k} --msr ${MSR:-0.25,0.5,0.75} \
+    timeout $LIMIT $cli bench layer --lengths ${LENGTHS:-32k,128k} --msr ${MSR:-0.25,0.5,0.75} \
       --backends $backends --repeats 10 --out "$OUT/layer_flex.json" > "$OUT/layer.log" 2>&1
     echo "layer rc $? at $(( $(date +%s) - start )) s (backends $backends)"
     tail -3 "$OUT/layer.log" | cut -c1-400 ;;
@@ -52,5 +95,5 @@ case ${1:-} in
     echo "eval rc $? at $(( $(date +%s) - start )) s"
     tr '\r' '\n' < "$OUT/$name.log" | tail -30 ;;
   *)
-    echo "unknown stage '${1:-}': tests, layer, real-train or real-eval LENGTHS"; exit 2 ;;
+    echo "unknown stage '${1:-}': tests, layer, bench, train, torchrun, eval, script, real-train or real-eval"; exit 2 ;;
 esac

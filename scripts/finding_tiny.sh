@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 4 item 7 on the shipped tiny backbone, CPU: train routers with configs/tiny_finding.yaml, then evaluate full,
-# elastic, static hybrid (at elastic's average MSR) and all sparse on the same rows at the training length and twice it.
+# Router findings on the shipped tiny backbone, CPU: do routers trained with configs/tiny_finding.yaml meet the paper's
+# comparison (full, elastic, static hybrid at elastic's average MSR, all sparse) on the same rows at the training length and twice it?
 #   bash scripts/finding_tiny.sh OUT_DIR [key=value overrides for the training config]
 # The evaluation's tasks: TASKS (default: the config's, needle_multivalue,variable_tracking,local_recall,local_pattern).
 set -eu
