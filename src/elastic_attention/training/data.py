@@ -1,6 +1,8 @@
-"""Training data for the routers: rows (`elastic_attention.rows.Row`, encoded by `encode_row`, as in evaluation)
-read from files and packed to a token budget. Packing keeps per-sample boundaries:
-each packed sample gets its own positions (restarting at 0), so elastic attention routes and attends it on its own.
+"""Training data for the routers: rows read from files (`load_rows`) and encoded rows packed to a token budget.
+
+Rows are `elastic_attention.rows.Row`, encoded by `elastic_attention.rows.encode_row` as in evaluation. Packing keeps
+per-sample boundaries: each packed sample gets its own positions (restarting at 0), so elastic attention routes and
+attends it on its own.
 """
 
 from __future__ import annotations
