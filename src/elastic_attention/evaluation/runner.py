@@ -123,14 +123,14 @@ def evaluate_rows(model: nn.Module, tokenizer, rows: list[Row], batch_size: int 
         batch_rows = rows[start : start + batch_size]
         suites = [suite_of(row.task) for row in batch_rows]
         encoded = [encode_row(tokenizer, row) for row in batch_rows]
-        width = max([len(e.prompt_ids) for e in encoded] + [row.metadata.get("length", 0) for row in batch_rows])
+        width = max([len(ids.prompt_ids) for ids in encoded] + [row.metadata.get("length", 0) for row in batch_rows])
         input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
-        for row_index, e in enumerate(encoded):
-            input_ids[row_index, width - len(e.prompt_ids) :] = torch.tensor(e.prompt_ids)
-            attention_mask[row_index, width - len(e.prompt_ids) :] = 1
-        new_tokens = max(row.metadata.get("max_new_tokens", len(e.answer_ids) + 1)
-                         for row, e in zip(batch_rows, encoded))
+        for row_index, ids in enumerate(encoded):
+            input_ids[row_index, width - len(ids.prompt_ids) :] = torch.tensor(ids.prompt_ids)
+            attention_mask[row_index, width - len(ids.prompt_ids) :] = 1
+        new_tokens = max(row.metadata.get("max_new_tokens", len(ids.answer_ids) + 1)
+                         for row, ids in zip(batch_rows, encoded))
         tokens = model.generate(
             input_ids.to(device),
             attention_mask=attention_mask.to(device),
