@@ -21,3 +21,31 @@ def test_import_loads_no_optional_kernel_library():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+#: What each inner package may import from the package (anywhere in its modules, inside functions too): the
+#: patterns, the router and the kernels know nothing of training, evaluation or the Hugging Face glue, and the cache
+#: finds its routing through `elastic_attention.attached`, not the integration.
+ALLOWED_IMPORTS = {
+    "patterns": {"patterns", "config", "errors"},
+    "router": {"router", "patterns", "errors"},
+    "backends": {"backends", "patterns", "errors"},
+    "cache": {"cache", "patterns", "attached", "errors"},
+}
+
+
+def test_inner_packages_import_only_what_their_layer_allows():
+    import ast
+    from pathlib import Path
+
+    import elastic_attention
+
+    root = Path(elastic_attention.__file__).parent
+    for package, allowed in ALLOWED_IMPORTS.items():
+        for path in sorted((root / package).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+                for name in names:
+                    if name.startswith("elastic_attention."):
+                        assert name.split(".")[1] in allowed, f"{path.name} imports {name}"

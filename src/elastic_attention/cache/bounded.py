@@ -43,6 +43,7 @@ from elastic_attention.cache.token_attention import (
     streaming_suffix_attention,
     token_attention,
 )
+from elastic_attention.attached import attached_runtime
 from elastic_attention.errors import InputError
 
 
@@ -462,12 +463,11 @@ class ElasticCache(Cache):
     """
 
     def __init__(self, model, max_length: int | None = None, fused_decode: bool = True) -> None:
-        from elastic_attention.integration.runtime import ElasticRuntime
-
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 1):
             raise InputError(f"`max_length` must be a positive number of tokens or None, got {max_length!r}")
-        runtime = model if isinstance(model, ElasticRuntime) else _runtime_of(model)
+        # The runtime itself (it has the routing), or a model that attach gave one.
+        runtime = model if hasattr(model, "streaming_heads") else attached_runtime(model)
         self.runtime = runtime
         self.max_length = max_length
         self.fused_decode = fused_decode
@@ -514,9 +514,3 @@ def _capacity(needed: int, spare: bool) -> int:
     one), so a store is copied every few dozen steps at long lengths and never holds more than about 3% beyond what
     a full cache of the same sequence holds."""
     return needed + (needed // 32 + 1 if spare else 0)
-
-
-def _runtime_of(model):
-    from elastic_attention.integration.attach import runtime_of
-
-    return runtime_of(model)

@@ -11,13 +11,13 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from elastic_attention.backends import get_backend
+from elastic_attention.attached import RUNTIME_ATTRIBUTE, attached_runtime
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import ConfigError, InputError, UnsupportedModelError
 from elastic_attention.integration.families import attention_modules, decoder_of, family_of, layer_kinds
 from elastic_attention.integration.report import RoutingReport
 from elastic_attention.integration.runtime import (
     ATTENTION_NAME,
-    RUNTIME_ATTRIBUTE,
     WINDOWED_ATTENTION_NAME,
     ElasticRuntime,
     elastic_attention_forward,
@@ -150,10 +150,7 @@ def runtime_of(model: nn.Module) -> ElasticRuntime:
     Raises:
         UnsupportedModelError: elastic attention is not attached.
     """
-    runtime = getattr(model, RUNTIME_ATTRIBUTE, None)
-    if runtime is None:
-        raise UnsupportedModelError("elastic attention is not attached to this model; call attach(model, config)")
-    return runtime
+    return attached_runtime(model)
 
 
 def is_attached(model: nn.Module) -> bool:

@@ -24,6 +24,7 @@ from torch import nn
 
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from elastic_attention.attached import RUNTIME_ATTRIBUTE
 from elastic_attention.backends import AttentionBackend
 from elastic_attention.cache.token_attention import token_attention
 from elastic_attention.config import ElasticConfig
@@ -39,7 +40,6 @@ ATTENTION_NAME = "elastic_attention"
 #: The same function, for models with sliding-window layers: registered with a mask function that gives those layers
 #: the model's own window mask.
 WINDOWED_ATTENTION_NAME = "elastic_attention_windowed"
-RUNTIME_ATTRIBUTE = "_elastic_runtime"
 
 
 class ElasticRuntime:

@@ -1,0 +1,27 @@
+"""Where `attach` keeps a model's runtime, for the modules that need it without the integration.
+
+The bounded cache reads its routing from the runtime (the decisions per sequence, layer and KV head; the layout of
+the current forward; the sink and window sizes); it finds the runtime here, so the cache never imports the
+integration that drives it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elastic_attention.errors import UnsupportedModelError
+
+#: The attribute on an attached model (and on its attention modules) that holds its runtime.
+RUNTIME_ATTRIBUTE = "_elastic_runtime"
+
+
+def attached_runtime(model: Any) -> Any:
+    """The runtime `attach` put on ``model``.
+
+    Raises:
+        UnsupportedModelError: elastic attention is not attached.
+    """
+    runtime = getattr(model, RUNTIME_ATTRIBUTE, None)
+    if runtime is None:
+        raise UnsupportedModelError("elastic attention is not attached to this model; call attach(model, config)")
+    return runtime
