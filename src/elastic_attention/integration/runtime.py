@@ -40,6 +40,9 @@ ATTENTION_NAME = "elastic_attention"
 #: The same function, for models with sliding-window layers: registered with a mask function that gives those layers
 #: the model's own window mask.
 WINDOWED_ATTENTION_NAME = "elastic_attention_windowed"
+#: Forward keyword arguments of per-call facts (see `ElasticRuntime`).
+PROMPT_LENGTHS_KWARG = "elastic_prompt_lengths"
+NOISE_SEED_KWARG = "elastic_noise_seed"
 
 
 class ElasticRuntime:
@@ -59,10 +62,13 @@ class ElasticRuntime:
         sliding_layers: indices of those layers: they run the model's own attention (SDPA with the model's mask)
             and keep the model's own cache entries.
 
-    Attributes:
-        next_prompt_lengths: set before a prefill whose sequences carry more than their prompt (a training pack:
-            prompt, then answer): per sequence, its prompt's length in tokens. The routers then pool the prompt
-            only, as they do at inference, and never see the answer. Consumed by the next prefill.
+    Per-forward facts travel as keyword arguments of the model's forward (the decoder's pre-hook takes them out):
+
+    - ``elastic_prompt_lengths`` (`PROMPT_LENGTHS_KWARG`): for a prefill whose sequences carry more than their
+      prompt (a training pack: prompt, then answer), each sequence's prompt length in tokens; the routers then pool
+      the prompt only, as they do at inference, and never see the answer.
+    - ``elastic_noise_seed`` (`NOISE_SEED_KWARG`): the seed of this forward's Gumbel noise (train mode); without it
+      the noise comes from torch's global generator.
     """
 
     def __init__(
@@ -91,12 +97,12 @@ class ElasticRuntime:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.forced: torch.Tensor | None = None
-        self.generator: torch.Generator | None = None
+        self.noise_seed: int | None = None
+        self._noise_source: torch.Generator | None = None
         self.noise_seeds: dict[int, int] = {}
         self._builder: BlockTableBuilder | None = None
         self._causal_pairs: tuple[SequenceLayout, torch.Tensor] | None = None
         self.layout: SequenceLayout | None = None
-        self.next_prompt_lengths: list[int] | None = None
         self.prompt_lengths: list[int] | None = None
         self.decisions: dict[int, torch.Tensor] = {}
         self.pairs: dict[int, torch.Tensor] = {}
@@ -117,6 +123,8 @@ class ElasticRuntime:
         in eval mode with ``cache_kind="bounded"``, give the forward an `ElasticCache` in place of an empty one."""
         if self._decoder_parameters is None:
             self._decoder_parameters = list(inspect.signature(decoder.forward).parameters)
+        passed = PROMPT_LENGTHS_KWARG in kwargs or NOISE_SEED_KWARG in kwargs
+        prompt_lengths, noise_seed = kwargs.pop(PROMPT_LENGTHS_KWARG, None), kwargs.pop(NOISE_SEED_KWARG, None)
         bound = {**dict(zip(self._decoder_parameters, args)), **kwargs}
         inputs = bound.get("input_ids")
         if inputs is None:
@@ -145,6 +153,9 @@ class ElasticRuntime:
         else:
             layout = SequenceLayout.dense(batch_size, past + query_len, query_len)
         if not layout.is_prefill:
+            if prompt_lengths is not None or noise_seed is not None:
+                raise InputError(f"{PROMPT_LENGTHS_KWARG} and {NOISE_SEED_KWARG} apply to a prefill, not to a decode "
+                                 "step")
             if not self.decisions:
                 raise InputError("a decode step arrived before any prefill; run the prompt through the model first")
             routed = next(iter(self.decisions.values()))
@@ -158,11 +169,12 @@ class ElasticRuntime:
             self.decisions = {}
             self.pairs = {}
             self.noise_seeds = {}
-            # Kept for the whole forward and its backward (a recomputed layer pools the same tokens).
-            self.prompt_lengths, self.next_prompt_lengths = self.next_prompt_lengths, None
+            # Kept for the whole forward and its backward (a recomputed layer pools the same tokens and draws the
+            # same noise).
+            self.prompt_lengths, self.noise_seed, self._noise_source = prompt_lengths, noise_seed, None
         self.layout = layout
         self.forward_thread = threading.get_ident()
-        return (args, kwargs) if replaced else None
+        return (args, kwargs) if replaced or passed else None
 
     def _choose_cache(self, decoder: nn.Module, bound: dict, cache, past: int, kwargs: dict) -> bool:
         """Set ``self.cache`` for this forward; returns True when ``kwargs`` now carries a new `ElasticCache`."""
@@ -226,10 +238,13 @@ class ElasticRuntime:
         self.decisions[layer_index] = z
 
     def _noise_generator(self, layer_index: int, device: torch.device) -> torch.Generator:
-        """The Gumbel-noise generator of a layer: seeded once per forward from ``self.generator``."""
+        """The Gumbel-noise generator of a layer: its seed drawn once per forward, from the forward's
+        ``elastic_noise_seed`` when given (else from torch's global generator)."""
         seed = self.noise_seeds.get(layer_index)
         if seed is None:
-            source = self.generator
+            if self.noise_seed is not None and self._noise_source is None:
+                self._noise_source = torch.Generator(device).manual_seed(self.noise_seed)
+            source = self._noise_source
             seed = int(torch.randint(0, 2**62, (1,), generator=source, device=source.device if source else "cpu"))
             self.noise_seeds[layer_index] = seed
         return torch.Generator(device).manual_seed(seed)

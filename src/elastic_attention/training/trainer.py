@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from elastic_attention.adapters import router_state_dict, save_router
 from elastic_attention.integration import attach, is_attached, routers_of, routing_report, runtime_of
+from elastic_attention.integration.runtime import NOISE_SEED_KWARG, PROMPT_LENGTHS_KWARG
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.checkpoint import flatten_optimizer, load_latest, save_checkpoint, unflatten_optimizer
 from elastic_attention.training.train_config import SUITE_SOURCES, TrainConfig
@@ -221,10 +222,8 @@ class RouterTrainer:
             if position % self.world_size != self.rank:
                 continue
             pack = self.packs[pack_index]
-            self.runtime.generator = torch.Generator(self.device).manual_seed(
-                config.seed * 1_000_003 + self.step * 1009 + position
-            )
-            lm_loss = supervised_loss(self.model, pack, self.device)
+            noise_seed = config.seed * 1_000_003 + self.step * 1009 + position
+            lm_loss = supervised_loss(self.model, pack, self.device, noise_seed=noise_seed)
             msr = routing_report(self.model).msr
             regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
             # Every process scales by world / packs: averaging gradients over processes (FSDP's reduce-scatter, the
@@ -434,8 +433,9 @@ def enable_gradient_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def supervised_loss(model, pack: Pack, device: torch.device) -> torch.Tensor:
-    """Mean next-token cross-entropy over the supervised tokens of ``pack`` (float32 scalar).
+def supervised_loss(model, pack: Pack, device: torch.device, noise_seed: int | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy over the supervised tokens of ``pack`` (float32 scalar); ``noise_seed`` seeds
+    the routing noise of this forward (see `forward_pack`).
 
     Logits are computed only at the positions that predict a labelled token (``logits_to_keep`` with their
     indices), never [T, vocab] for the whole pack: at long contexts and large vocabularies those would dominate memory.
@@ -444,17 +444,19 @@ def supervised_loss(model, pack: Pack, device: torch.device) -> torch.Tensor:
     keep = (targets != IGNORE_INDEX).nonzero().flatten()
     if keep.numel() == 0:
         raise ValueError("a pack has no supervised token; every row needs a non-empty answer")
-    output = forward_pack(model, pack, device, logits_to_keep=keep.to(device))
+    output = forward_pack(model, pack, device, logits_to_keep=keep.to(device), noise_seed=noise_seed)
     return torch.nn.functional.cross_entropy(output.logits[0].float(), targets[keep].to(device))
 
 
-def forward_pack(model, pack: Pack, device: torch.device, logits_to_keep):
+def forward_pack(model, pack: Pack, device: torch.device, logits_to_keep, noise_seed: int | None = None):
     """The model's forward over one pack (its samples apart by their position ids, no cache); with elastic attention
-    attached, the routers pool each sample's prompt only, never its answer."""
+    attached, the routers pool each sample's prompt only, never its answer, and ``noise_seed`` (when given) seeds
+    their Gumbel noise."""
+    elastic = {}
     if is_attached(model):
-        runtime_of(model).next_prompt_lengths = pack.prompt_lengths
+        elastic = {PROMPT_LENGTHS_KWARG: pack.prompt_lengths, NOISE_SEED_KWARG: noise_seed}
     return model(input_ids=pack.input_ids[None].to(device), position_ids=pack.position_ids[None].to(device),
-                 logits_to_keep=logits_to_keep, use_cache=False)
+                 logits_to_keep=logits_to_keep, use_cache=False, **elastic)
 
 
 def _postfix(metrics: dict) -> str:
