@@ -230,3 +230,21 @@ def test_xa_configurations_run_and_report(configuration):
         tokens = model.generate(ids, max_new_tokens=3, do_sample=False)
     assert tokens.shape == (1, 67)
     assert (ea.routing_report(model).esr_mean > 0).all()
+
+
+def test_per_call_facts_are_forward_kwargs_of_a_prefill():
+    """The same noise seed gives the same routing in train mode; another seed another draw; a decode step refuses
+    the prefill's facts by name."""
+    model = tiny_model("llama")
+    ea.attach(model, CONFIG)
+    model.train()
+    ids = torch.randint(1, 97, (3, 40), generator=torch.Generator().manual_seed(1))
+    decisions = []
+    for seed in (5, 5, 6):
+        model(ids, elastic_noise_seed=seed)
+        decisions.append(ea.routing_report(model).decisions.clone())
+    assert torch.equal(decisions[0], decisions[1]) and not torch.equal(decisions[0], decisions[2])
+    model.eval()
+    output = model(ids, use_cache=True)
+    with pytest.raises(ea.InputError, match="elastic_noise_seed apply to a prefill"):
+        model(ids[:, :1], past_key_values=output.past_key_values, use_cache=True, elastic_noise_seed=5)
