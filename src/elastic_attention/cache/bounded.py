@@ -45,6 +45,7 @@ from elastic_attention.cache.token_attention import (
 )
 from elastic_attention.attached import attached_runtime
 from elastic_attention.errors import InputError
+from elastic_attention.patterns import SequenceLayout
 
 
 @dataclass
@@ -77,6 +78,14 @@ class StagedEntries:
     keys: torch.Tensor
     values: torch.Tensor
     first: int
+
+
+@dataclass(frozen=True)
+class StreamingWindow:
+    """What a streaming (SSA) head keeps: its first ``sink_tokens`` positions and its last ``local_tokens``."""
+
+    sink_tokens: int
+    local_tokens: int
 
 
 class ElasticCacheLayer(CacheLayerMixin):
@@ -120,7 +129,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.commit()
-        layout = self.cache.runtime.layout
+        layout = self.cache.layout
         if layout is None or key_states.shape[2] != layout.query_len:
             raise InputError("ElasticCache.update got states that do not match the current forward's inputs")
         if not self.sequences:
@@ -207,7 +216,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         """
         if self._pending is not None:
             return self._attend_fused(query, scale)
-        layout = self.cache.runtime.layout
+        layout = self.cache.layout
         output = torch.zeros_like(query)
         num_kv = self.sequences[0].full_heads.numel() + self.sequences[0].ring_heads.numel()
         group = query.shape[1] // num_kv
@@ -238,7 +247,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         Args:
             queries, result: [Hkv, g, n, D] views of the step's queries and of the output rows.
         """
-        config = self.cache.runtime.config
+        config = self.cache.window
         sink, local = config.sink_tokens, config.local_tokens
         length, count = store.length, queries.shape[2]
         first = length - count
@@ -284,7 +293,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         if store.ring_heads.numel():
             self._write_ring(store, staged)
             heads = store.ring_heads
-            config = self.cache.runtime.config
+            config = self.cache.window
             filled = None if store.length >= config.sink_tokens + config.local_tokens else store.ring_positions >= 0
             result[heads] = attend_single_query(queries[heads], store.ring_keys, store.ring_values, scale, filled)
 
@@ -330,7 +339,7 @@ class ElasticCacheLayer(CacheLayerMixin):
 
     def _write_pending(self) -> None:
         keys, values = self._pending
-        config = self.cache.runtime.config
+        config = self.cache.window
         write_step_entries(keys, values, self._segments, sink_tokens=config.sink_tokens,
                            local_tokens=config.local_tokens)
         self._pending = None
@@ -339,7 +348,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         """The fused decode step: write every sequence's new entries and attend them, one launch."""
         (keys, values), self._pending = self._pending, None
         self.fused_steps += 1
-        config = self.cache.runtime.config
+        config = self.cache.window
         max_entries = max(store.length for store in self.sequences)  # counting this step's entry
         return decode_step(query, keys, values, self._segments, scale, sink_tokens=config.sink_tokens,
                            local_tokens=config.local_tokens, max_entries=max_entries)
@@ -361,7 +370,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         count = staged.keys.shape[1]
         if not store.ring_heads.numel() or count == 0:
             return
-        config = self.cache.runtime.config
+        config = self.cache.window
         sink, local = config.sink_tokens, config.local_tokens
         first = staged.first
         self._reserve_ring(store, first + count, spare=count == 1)
@@ -387,9 +396,8 @@ class ElasticCacheLayer(CacheLayerMixin):
     # -- storage -------------------------------------------------------------------------------------------------
 
     def _new_store(self, sequence: int, key_states: torch.Tensor) -> SequenceStore:
-        runtime = self.cache.runtime
         num_kv, head_dim = key_states.shape[1], key_states.shape[3]
-        streaming = runtime.streaming_heads(self.layer_index, sequence, num_kv).to(key_states.device)
+        streaming = self.cache.streaming_heads(self.layer_index, sequence, num_kv).to(key_states.device)
         full_heads, ring_heads = (~streaming).nonzero().flatten(), streaming.nonzero().flatten()
         new = lambda heads: key_states.new_zeros(heads.numel(), 0, head_dim)  # noqa: E731
         return SequenceStore(
@@ -406,7 +414,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         """Room in a sequence's ring for positions ``0 .. needed - 1`` (at most sink + local slots); returns True
         when its storage moved. Before a ring is full, slot p holds position p, so growing keeps every slot.
         ``spare`` adds 1/32 for the decode steps to come (see `_capacity`)."""
-        config = self.cache.runtime.config
+        config = self.cache.window
         size = config.sink_tokens + config.local_tokens
         capacity = store.ring_keys.shape[1]
         if not store.ring_heads.numel() or min(needed, size) <= capacity:
@@ -466,9 +474,14 @@ class ElasticCache(Cache):
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 1):
             raise InputError(f"`max_length` must be a positive number of tokens or None, got {max_length!r}")
-        # The runtime itself (it has the routing), or a model that attach gave one.
-        runtime = model if hasattr(model, "streaming_heads") else attached_runtime(model)
+        # The runtime itself, or a model that attach gave one.
+        runtime = model if hasattr(model, "select_sequences") else attached_runtime(model)
+        #: The runtime that routes for this cache: it pushes the layout of each forward (`begin_forward`) and each
+        #: layer's routing at a prefill (`route_layer`), and is told when the batch is reordered.
         self.runtime = runtime
+        self.window = StreamingWindow(runtime.config.sink_tokens, runtime.config.local_tokens)
+        self.layout: SequenceLayout | None = None
+        self._streaming: dict[int, torch.Tensor] = {}
         self.max_length = max_length
         self.fused_decode = fused_decode
         # A model's sliding-window layers keep their own attention, so they keep transformers' own window cache.
@@ -478,18 +491,37 @@ class ElasticCache(Cache):
         ])
         self._elastic_layers = [layer for layer in self.layers if isinstance(layer, ElasticCacheLayer)]
 
+    def begin_forward(self, layout: SequenceLayout) -> None:
+        """The sequences of the forward that is about to update this cache."""
+        self.layout = layout
+
+    def route_layer(self, layer_index: int, streaming: torch.Tensor) -> None:
+        """A prefill's routing of one layer: ``streaming`` [N, Hkv] bool, True for the KV heads of each sequence
+        that keep only their sink and window (SSA); the other heads keep every entry."""
+        self._streaming[layer_index] = streaming.detach().to("cpu", torch.bool)
+
+    def streaming_heads(self, layer_index: int, sequence: int, num_kv_heads: int) -> torch.Tensor:
+        """[Hkv] bool (CPU): the routing of ``sequence`` in ``layer_index``; no streaming head when none was given."""
+        streaming = self._streaming.get(layer_index)
+        return torch.zeros(num_kv_heads, dtype=torch.bool) if streaming is None else streaming[sequence]
+
+    def _select(self, index: torch.Tensor) -> None:
+        index = index.to("cpu")
+        self._streaming = {layer: streaming.index_select(0, index) for layer, streaming in self._streaming.items()}
+        self.runtime.select_sequences(index)
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         super().reorder_cache(beam_idx)
-        self.runtime.select_sequences(beam_idx)
+        self._select(beam_idx)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         super().batch_select_indices(indices)
-        self.runtime.select_sequences(indices)
+        self._select(indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         sequences = len(self._elastic_layers[0].sequences)
         super().batch_repeat_interleave(repeats)
-        self.runtime.select_sequences(torch.arange(sequences).repeat_interleave(repeats))
+        self._select(torch.arange(sequences).repeat_interleave(repeats))
 
     @property
     def fused_decode_steps(self) -> int:

@@ -173,6 +173,8 @@ class ElasticRuntime:
             # same noise).
             self.prompt_lengths, self.noise_seed, self._noise_source = prompt_lengths, noise_seed, None
         self.layout = layout
+        if self.cache is not None:
+            self.cache.begin_forward(layout)
         self.forward_thread = threading.get_ident()
         return (args, kwargs) if replaced or passed else None
 
@@ -210,9 +212,15 @@ class ElasticRuntime:
     def streaming_heads(self, layer_index: int, sequence: int, num_kv_heads: int) -> torch.Tensor:
         """[Hkv] bool: the KV heads of ``sequence`` that run SSA in ``layer_index`` (and so keep a bounded cache)."""
         z = self.decisions.get(layer_index)
-        if z is None or self.config.sparse_mode != "ssa":
+        if z is None:
             return torch.zeros(num_kv_heads, dtype=torch.bool)
-        return (~is_retrieval(z[sequence])).cpu()
+        return self._streaming(z[sequence : sequence + 1])[0].cpu()
+
+    def _streaming(self, z: torch.Tensor) -> torch.Tensor:
+        """[N, Hkv] bool: the heads that stream (SSA keeps its sink and window; XA heads read every block)."""
+        if self.config.sparse_mode != "ssa":
+            return torch.zeros(z.shape, dtype=torch.bool, device=z.device)
+        return ~is_retrieval(z)
 
     def after_key_source(self, layer_index: int, output: torch.Tensor) -> None:
         """Forward hook of a routed layer's key source: route at prefill.
@@ -236,6 +244,8 @@ class ElasticRuntime:
             pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self.prompt_lengths)
             z = router(pooled, generator=self._noise_generator(layer_index, keys.device) if router.training else None)
         self.decisions[layer_index] = z
+        if self.cache is not None:
+            self.cache.route_layer(layer_index, self._streaming(z))
 
     def _noise_generator(self, layer_index: int, device: torch.device) -> torch.Generator:
         """The Gumbel-noise generator of a layer: its seed drawn once per forward, from the forward's
