@@ -4,6 +4,9 @@ Heads on full attention (and XA, which attends every key after the prompt) keep 
 ``sink_tokens`` first entries and the last ``local_tokens`` entries in a ring buffer: exactly what the token rule of
 `patterns.tokens` lets their later queries see. The rest is never stored, so the memory is released, not masked.
 
+The cache takes its routing explicitly from the runtime that drives it: the layout of each forward
+(`ElasticCache.begin_forward`) and, at a prefill, each layer's streaming heads per sequence (`route_layer`).
+
 Storage is per sequence (one sequence per batch row), so every sample keeps its own routing:
   full store: keys/values [F, capacity, D] for its F retained heads, entries in position order;
   ring store: keys/values [P, capacity, D] for its P streaming heads, plus the logical position of each slot
