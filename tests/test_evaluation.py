@@ -3,6 +3,7 @@
 import argparse
 import json
 import warnings
+import shutil
 
 import pytest
 import torch
@@ -172,3 +173,9 @@ def test_generate_command_prints_the_continuation_and_the_routing(tmp_path, caps
     assert cli_main(["generate", "--model", str(TINY_BACKBONE), "--prompt", prompt, "--max-new-tokens", "2",
                      "--device", "cpu"]) == 0
     assert "no router given" in capsys.readouterr().out
+    plain = tmp_path / "no_template"
+    shutil.copytree(TINY_BACKBONE, plain)
+    (plain / "chat_template.jinja").unlink()
+    assert cli_main(["generate", "--model", str(plain), "--prompt", prompt, "--max-new-tokens", "2",
+                     "--device", "cpu"]) == 0
+    assert "no chat template: the prompt went in as plain text" in capsys.readouterr().out

@@ -78,19 +78,20 @@ def run_generate_command(
     model, tokenizer = load_backbone(model_dir, device, dtype)
     if router is not None:
         load_router(model, router)
-    if chat and getattr(tokenizer, "chat_template", None):
-        ids = encode_prompt(tokenizer, prompt)
-    else:
-        ids = tokenizer.encode(prompt)
+    templated = chat and bool(getattr(tokenizer, "chat_template", None))
+    ids = encode_prompt(tokenizer, prompt) if templated else tokenizer.encode(prompt)
     device_of = next(model.parameters()).device
     input_ids = torch.tensor([ids], device=device_of)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     started = time.perf_counter()
     with torch.no_grad():
         tokens = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                                do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+                                do_sample=False, pad_token_id=pad_id)
     seconds = time.perf_counter() - started
     continuation = tokenizer.decode(tokens[0, len(ids):], skip_special_tokens=True)
     lines = [continuation, "", f"{len(ids)} prompt tokens, {tokens.shape[1] - len(ids)} new, {seconds:.1f} s"]
+    if chat and not templated:
+        lines.append("the tokenizer has no chat template: the prompt went in as plain text (as with --raw)")
     if router is None:
         lines.append("no router given: the unmodified model (full attention everywhere)")
         return "\n".join(lines)
