@@ -250,8 +250,8 @@ class ElasticCacheLayer(CacheLayerMixin):
         Args:
             queries, result: [Hkv, g, n, D] views of the step's queries and of the output rows.
         """
-        config = self.cache.window
-        sink, local = config.sink_tokens, config.local_tokens
+        window = self.cache.window
+        sink, local = window.sink_tokens, window.local_tokens
         length, count = store.length, queries.shape[2]
         first = length - count
         if store.full_heads.numel():
@@ -296,8 +296,8 @@ class ElasticCacheLayer(CacheLayerMixin):
         if store.ring_heads.numel():
             self._write_ring(store, staged)
             heads = store.ring_heads
-            config = self.cache.window
-            filled = None if store.length >= config.sink_tokens + config.local_tokens else store.ring_positions >= 0
+            window = self.cache.window
+            filled = None if store.length >= window.sink_tokens + window.local_tokens else store.ring_positions >= 0
             result[heads] = attend_single_query(queries[heads], store.ring_keys, store.ring_values, scale, filled)
 
     # -- the fused decode step ----------------------------------------------------------------------------------
@@ -342,19 +342,19 @@ class ElasticCacheLayer(CacheLayerMixin):
 
     def _write_pending(self) -> None:
         keys, values = self._pending
-        config = self.cache.window
-        write_step_entries(keys, values, self._segments, sink_tokens=config.sink_tokens,
-                           local_tokens=config.local_tokens)
+        window = self.cache.window
+        write_step_entries(keys, values, self._segments, sink_tokens=window.sink_tokens,
+                           local_tokens=window.local_tokens)
         self._pending = None
 
     def _attend_fused(self, query: torch.Tensor, scale: float) -> torch.Tensor:
         """The fused decode step: write every sequence's new entries and attend them, one launch."""
         (keys, values), self._pending = self._pending, None
         self.fused_steps += 1
-        config = self.cache.window
+        window = self.cache.window
         max_entries = max(store.length for store in self.sequences)  # counting this step's entry
-        return decode_step(query, keys, values, self._segments, scale, sink_tokens=config.sink_tokens,
-                           local_tokens=config.local_tokens, max_entries=max_entries)
+        return decode_step(query, keys, values, self._segments, scale, sink_tokens=window.sink_tokens,
+                           local_tokens=window.local_tokens, max_entries=max_entries)
 
     def commit(self) -> None:
         """Write the staged entries of the streaming heads into their rings (sink slots and the window)."""
@@ -373,8 +373,8 @@ class ElasticCacheLayer(CacheLayerMixin):
         count = staged.keys.shape[1]
         if not store.ring_heads.numel() or count == 0:
             return
-        config = self.cache.window
-        sink, local = config.sink_tokens, config.local_tokens
+        window = self.cache.window
+        sink, local = window.sink_tokens, window.local_tokens
         first = staged.first
         self._reserve_ring(store, first + count, spare=count == 1)
         if count == 1:
@@ -417,8 +417,8 @@ class ElasticCacheLayer(CacheLayerMixin):
         """Room in a sequence's ring for positions ``0 .. needed - 1`` (at most sink + local slots); returns True
         when its storage moved. Before a ring is full, slot p holds position p, so growing keeps every slot.
         ``spare`` adds 1/32 for the decode steps to come (see `_capacity`)."""
-        config = self.cache.window
-        size = config.sink_tokens + config.local_tokens
+        window = self.cache.window
+        size = window.sink_tokens + window.local_tokens
         capacity = store.ring_keys.shape[1]
         if not store.ring_heads.numel() or min(needed, size) <= capacity:
             return False
