@@ -33,6 +33,11 @@ ROUTER=${ROUTER:-$RUN/router}
 SAMPLES=${SAMPLES:-50}
 cli="python3 -m elastic_attention.cli"
 start=$(date +%s)
+copy_run() {  # a run folder's summary, metrics, plot and router adapter: copy_run RUN_FOLDER DESTINATION
+  mkdir -p "$2/router"
+  cp "$1"/summary.json "$1"/metrics.csv "$1"/training.png "$2/" 2>/dev/null
+  cp "$1"/router/* "$2/router/" 2>/dev/null
+}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 case ${1:-} in
   tests)
@@ -49,16 +54,14 @@ case ${1:-} in
     config=${2:?give the training config}; shift 2
     timeout $LIMIT $cli train "$config" output_dir=/tmp/run "$@" --no-progress > "$OUT/train.log" 2>&1
     echo "train rc $? at $(( $(date +%s) - start )) s"
-    mkdir -p "$OUT/run/router" && cp /tmp/run/summary.json /tmp/run/metrics.csv /tmp/run/training.png "$OUT/run/" 2>/dev/null
-    cp /tmp/run/router/* "$OUT/run/router/" 2>/dev/null
+    copy_run /tmp/run "$OUT/run"
     tail -3 "$OUT/train.log" ;;
   torchrun)
     gpus=${2:?give the number of GPUs}; config=${3:?give the training config}; shift 3
     timeout $LIMIT python3 -m torch.distributed.run --standalone --nproc_per_node "$gpus" -m elastic_attention.cli \
       train "$config" output_dir=/tmp/run "$@" --no-progress > "$OUT/train.log" 2>&1
     echo "torchrun rc $? at $(( $(date +%s) - start )) s"
-    mkdir -p "$OUT/run/router" && cp /tmp/run/summary.json /tmp/run/metrics.csv /tmp/run/training.png "$OUT/run/" 2>/dev/null
-    cp /tmp/run/router/* "$OUT/run/router/" 2>/dev/null
+    copy_run /tmp/run "$OUT/run"
     tail -3 "$OUT/train.log" ;;
   eval)
     shift
@@ -82,9 +85,7 @@ case ${1:-} in
     timeout ${TRAIN_LIMIT:-530} $cli train configs/qwen2.5_coder_code.yaml model="$MODEL" output_dir="$RUN" \
       --no-progress > "$OUT/train.log" 2>&1
     echo "train rc $? at $(( $(date +%s) - start )) s"
-    mkdir -p "$OUT/router"
-    cp "$RUN"/summary.json "$RUN"/metrics.csv "$RUN"/training.png "$OUT/" 2>/dev/null
-    cp "$RUN"/router/* "$OUT/router/" 2>/dev/null
+    copy_run "$RUN" "$OUT"
     tail -3 "$OUT/train.log" ;;
   real-eval)
     lengths=${2:?give the lengths, e.g. 8k,16k}
