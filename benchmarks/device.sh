@@ -15,9 +15,13 @@
 #   OUT=$OUT bash benchmarks/device.sh script NAME ARGS      # python3 scripts/NAME.py ARGS (pretrain_backbone,
 #                                                            # count_probe, profile_decode, decode_step_trace,
 #                                                            # xa_estimate_timing, compare_routers)
-#   OUT=$OUT bash benchmarks/device.sh real-train            # routers for the real model: configs/qwen2.5_coder_code.yaml
+#   OUT=$OUT bash benchmarks/device.sh real-train            # routers for the real model: $CONFIG
+#                                                            # (default configs/qwen2.5_coder_code.yaml)
 #   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k      # the real model's table at these lengths, $SAMPLES per cell
 #   ROUTER=path MODES=full,elastic BATCH=8 OUT=$OUT bash benchmarks/device.sh real-eval 32k   # another router, fewer modes
+#
+#   OUT=$OUT bash benchmarks/device.sh flex-sweep            # flex kernel options on this GPU (flex_sweep.json), then
+#                                                            # the layer stage with the fastest (32K and 128K, MSR 0.5)
 #
 # LIMIT (seconds, default 560) bounds every stage. The real-model stages need the model at $MODEL:
 # `../shared/tools/real-model-parts` stages it (its header says how; its last call, `bash .rmNN/install.sh`, can
@@ -37,6 +41,16 @@ copy_run() {  # a run folder's summary, metrics, plot and router adapter: copy_r
   mkdir -p "$2/router"
   cp "$1"/summary.json "$1"/metrics.csv "$1"/training.png "$2/" 2>/dev/null
   cp "$1"/router/* "$2/router/" 2>/dev/null
+}
+layer_stage() {  # the layer benchmark, flex (and fa4 when installed): layer_stage FLEX_KERNEL_OPTIONS_JSON (or "")
+  local backends=flex
+  python3 -c "from elastic_attention.backends.fa4 import fa4_available as a; raise SystemExit(not a()[0])" \
+    && backends=flex,fa4
+  timeout $LIMIT $cli bench layer --lengths ${LENGTHS:-32k,128k} --msr ${MSR:-0.25,0.5,0.75} \
+    --backends $backends --repeats 10 ${1:+--flex-kernel-options "$1"} --out "$OUT/layer_flex.json" \
+    > "$OUT/layer.log" 2>&1
+  echo "layer rc $? at $(( $(date +%s) - start )) s (backends $backends, flex options ${1:-default})"
+  tail -3 "$OUT/layer.log" | cut -c1-400
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 case ${1:-} in
@@ -74,15 +88,16 @@ case ${1:-} in
     echo "script $name rc $? at $(( $(date +%s) - start )) s"
     tail -10 "$OUT/$name.log" ;;
   layer)
-    backends=flex
-    python3 -c "from elastic_attention.backends.fa4 import fa4_available as a; raise SystemExit(not a()[0])" \
-      && backends=flex,fa4
-    timeout $LIMIT $cli bench layer --lengths ${LENGTHS:-32k,128k} --msr ${MSR:-0.25,0.5,0.75} \
-      --backends $backends --repeats 10 --out "$OUT/layer_flex.json" > "$OUT/layer.log" 2>&1
-    echo "layer rc $? at $(( $(date +%s) - start )) s (backends $backends)"
-    tail -3 "$OUT/layer.log" | cut -c1-400 ;;
+    layer_stage "" ;;
+  flex-sweep)
+    timeout ${SWEEP_LIMIT:-240} python3 scripts/flex_kernel_sweep.py --lengths 32k,128k --msr 0.5 \
+      ${CANDIDATES:+--candidates $CANDIDATES} --out "$OUT/flex_sweep.json" > "$OUT/flex_sweep.log" 2>&1
+    echo "sweep rc $? at $(( $(date +%s) - start )) s"
+    tail -14 "$OUT/flex_sweep.log" | cut -c1-300
+    layer_stage "$(python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['fastest']['kernel_options']))" \
+      "$OUT/flex_sweep.json")" ;;
   real-train)
-    timeout ${TRAIN_LIMIT:-530} $cli train configs/qwen2.5_coder_code.yaml model="$MODEL" output_dir="$RUN" \
+    timeout ${TRAIN_LIMIT:-530} $cli train ${CONFIG:-configs/qwen2.5_coder_code.yaml} model="$MODEL" output_dir="$RUN" \
       --no-progress > "$OUT/train.log" 2>&1
     echo "train rc $? at $(( $(date +%s) - start )) s"
     copy_run "$RUN" "$OUT"

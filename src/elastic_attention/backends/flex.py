@@ -21,6 +21,22 @@ from elastic_attention.patterns import BlockTables, SequenceLayout
 
 _RECOMPILE_LIMIT = 64
 
+# Kernel options measured fastest per (GPU major version, head_dim, block size) for bf16 prefill; shapes not listed
+# take torch's defaults. Tiles must divide the block (torch's default tile is 128 for large head dims).
+# `scripts/flex_kernel_sweep.py` measures candidates; the winners go here with the run that chose them.
+KERNEL_OPTIONS: dict[tuple[int, int, int], dict] = {}
+
+
+def kernel_options_for(device: torch.device, head_dim: int, block_size: int) -> dict | None:
+    """The kernel options flex_attention gets for this GPU, head_dim and block size (None: torch's defaults)."""
+    if device.type != "cuda":
+        return None
+    major = torch.cuda.get_device_capability(device)[0]
+    options = KERNEL_OPTIONS.get((major, head_dim, block_size))
+    if options is not None:
+        return dict(options)
+    return {"BLOCK_M": block_size, "BLOCK_N": block_size} if block_size < 128 else None
+
 
 def flex_available() -> tuple[bool, str]:
     """Whether FlexAttention can run here, and why not."""
@@ -40,7 +56,11 @@ class FlexBackend:
 
     name = "flex"
 
-    def __init__(self) -> None:
+    def __init__(self, kernel_options: dict | None = None) -> None:
+        """Args:
+            kernel_options: flex_attention ``kernel_options`` for every call, instead of those `kernel_options_for`
+                picks per GPU, head_dim and block size (for tuning; see `scripts/flex_kernel_sweep.py`).
+        """
         available, reason = flex_available()
         if not available:
             raise BackendUnavailableError(f"backend 'flex' cannot run: {reason}")
@@ -53,6 +73,7 @@ class FlexBackend:
             if hasattr(dynamo_config, name):
                 setattr(dynamo_config, name, max(getattr(dynamo_config, name), _RECOMPILE_LIMIT))
         self._flex = torch.compile(flex_attention, dynamic=True)
+        self._kernel_options = kernel_options
 
     def attend(
         self,
@@ -92,11 +113,12 @@ class FlexBackend:
             partial_counts, partial_index, full_counts, full_index, BLOCK_SIZE=size,
             mask_mod=causal_within_sequence, seq_lengths=(padded_queries, padded_keys),
         )
-        # On GPUs the kernel's tiles must divide the block (its default tile is 128 for large head dims).
-        tiles = {"BLOCK_M": size, "BLOCK_N": size} if device.type == "cuda" and size < 128 else None
+        options = self._kernel_options
+        if options is None:
+            options = kernel_options_for(device, query.shape[-1], size)
         attended = self._flex(
             aligned.query, aligned.key, aligned.value, block_mask=block_mask, scale=scale, enable_gqa=True,
-            kernel_options=tiles,
+            kernel_options=options,
         )
         return aligned.scatter(attended, query)
 

@@ -43,6 +43,10 @@ def run(args) -> dict:
     retrieval, sparse = MODE_CODES[config.retrieval_mode], MODE_CODES[config.sparse_mode]
     router = AttentionRouter(args.head_dim).to(device).eval()
     backends = {name: get_backend(name) for name in args.backends}
+    if args.flex_kernel_options is not None and "flex" in backends:
+        from elastic_attention.backends.flex import FlexBackend
+
+        backends["flex"] = FlexBackend(kernel_options=args.flex_kernel_options)
     rows = []
     for length in args.lengths:
         generator = torch.Generator(device).manual_seed(length)
@@ -101,11 +105,21 @@ def run(args) -> dict:
         **run_header(device),
         "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "dtype": str(dtype)},
         "config": config.to_dict(),
+        "flex_kernel_options": flex_options_used(args, device),
         "baseline": "dense causal attention in the same run: torch SDPA (on CUDA the faster of its cuDNN and flash "
                     "backends, each timed) and flash-attn-4 when installed; ideal = dense FA4 time (else SDPA) x "
                     "fraction of causal blocks attended",
         "results": rows,
     }
+
+
+def flex_options_used(args, device: torch.device) -> dict | None:
+    """The kernel options the flex backend ran with: ``--flex-kernel-options``, else its per-GPU choice."""
+    if args.flex_kernel_options is not None:
+        return args.flex_kernel_options
+    from elastic_attention.backends.flex import kernel_options_for
+
+    return kernel_options_for(device, args.head_dim, args.block_size)
 
 
 def parse_args(argv=None):
@@ -119,6 +133,9 @@ def parse_args(argv=None):
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--configuration", default="fa-ssa", choices=["fa-ssa", "fa-xa", "xa-ssa"])
     add_pattern_arguments(parser)
+    parser.add_argument("--flex-kernel-options", type=json.loads, default=None,
+                        help="flex_attention kernel options as JSON, instead of the backend's per-GPU choice "
+                             "(scripts/flex_kernel_sweep.py finds them)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--pipelined-layers", type=int, default=8, help="layers per timing of the pipelined layer")
     parser.add_argument("--check-up-to", type=int, default=8192, help="check backends against the reference up to")

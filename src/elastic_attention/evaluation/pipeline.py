@@ -90,7 +90,7 @@ def evaluate_model(
     seed: int = 0,
     batch_size: int = 8,
     progress: bool = True,
-    on_mode: Callable[[list[CellResult], dict], None] | None = None,
+    on_cell: Callable[[list[CellResult], dict], None] | None = None,
 ) -> tuple[list[CellResult], dict]:
     """Evaluate ``modes`` on a plain (not yet attached) model.
 
@@ -99,7 +99,8 @@ def evaluate_model(
     retrieval-score heads on full attention: ``static@0.7`` at MSR 0.7, ``static`` at ``static_msr``, or, when that
     is None and ``elastic`` runs too, at the elastic run's average MSR (the paper's comparison).
 
-    ``on_mode(results, context)`` is called after each mode with everything so far (to write partial results).
+    ``on_cell(results, context)`` is called after each cell with everything so far (to write partial results, so
+    a run cut short keeps every cell it finished).
 
     Returns:
         (results, context): the cells and a dict of what was used (static MSRs and head sets, config).
@@ -134,12 +135,17 @@ def evaluate_model(
             routed = runtime_of(model).routed_layers
             routing = static_routing(scores[list(routed)], msr)
             context.setdefault("static", {})[mode] = {"msr": msr, "heads": routing.tolist()}
-        results += run_evaluation(
+
+        def finished(cell: CellResult) -> None:
+            results.append(cell)
+            _advance(bar, cell)
+            if on_cell is not None:
+                on_cell(results, context)
+
+        run_evaluation(
             model, tokenizer, modes=[mode], tasks=tasks, lengths=lengths, samples=samples, seed=seed,
-            static_routing=routing, batch_size=batch_size, on_cell=lambda cell: _advance(bar, cell), rows=rows,
+            static_routing=routing, batch_size=batch_size, on_cell=finished, rows=rows,
         )
-        if on_mode is not None:
-            on_mode(results, context)
     if bar is not None:
         bar.close()
     return results, context
@@ -176,7 +182,7 @@ def run_eval_command(
 
     results, context = evaluate_model(
         model, tokenizer, router=router, modes=modes, tasks=tasks, lengths=lengths, samples=samples,
-        static_msr=static_msr, seed=seed, batch_size=batch_size, on_mode=save,
+        static_msr=static_msr, seed=seed, batch_size=batch_size, on_cell=save,
     )
     plot_accuracy_vs_msr(results, out_dir / "accuracy_vs_msr.png")
     atomic_write_text(out_dir / "eval.md", format_markdown(results) + "\n")
