@@ -24,7 +24,11 @@ _RECOMPILE_LIMIT = 64
 # Kernel options measured fastest per (GPU major version, head_dim, block size) for bf16 prefill; shapes not listed
 # take torch's defaults. Tiles must divide the block (torch's default tile is 128 for large head dims).
 # `scripts/flex_kernel_sweep.py` measures candidates; the winners go here with the run that chose them.
-KERNEL_OPTIONS: dict[tuple[int, int, int], dict] = {}
+KERNEL_OPTIONS: dict[tuple[int, int, int], dict] = {
+    # Hopper, head_dim 128, block 128: 9% less time than torch's default (BLOCK_N 64, 3 stages, no TMA) over 32K and
+    # 128K at MSR 0.5 (H200, 2026-12-01, benchmarks/results/flex_sweep_2026-12-01.json).
+    (9, 128, 128): {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 2, "num_warps": 8, "USE_TMA": True},
+}
 
 
 def kernel_options_for(device: torch.device, head_dim: int, block_size: int) -> dict | None:
