@@ -11,9 +11,12 @@
 #                                                            # (KIND: prefill, decode, layer, train-step)
 #   OUT=$OUT bash benchmarks/device.sh train CONFIG [KEY=VALUE ...]          # router training on one GPU -> $OUT/run
 #   OUT=$OUT bash benchmarks/device.sh torchrun N CONFIG [KEY=VALUE ...]     # the same on N GPUs (distributed=fsdp|ddp)
+#   OUT=$OUT bash benchmarks/device.sh pretrain CONFIG [KEY=VALUE ...]       # backbone pretraining on one GPU ->
+#                                                            # $OUT/run (run/model: the backbone), e.g.
+#                                                            # configs/backbone_tiny.yaml (the shipped tiny backbone)
 #   OUT=$OUT bash benchmarks/device.sh eval ARGS             # elastic-attention eval ARGS --out $OUT/eval
-#   OUT=$OUT bash benchmarks/device.sh script NAME ARGS      # python3 scripts/NAME.py ARGS (pretrain_backbone,
-#                                                            # count_probe, profile_decode, decode_step_trace,
+#   OUT=$OUT bash benchmarks/device.sh script NAME ARGS      # python3 scripts/NAME.py ARGS (count_probe,
+#                                                            # profile_decode, decode_step_trace,
 #                                                            # xa_estimate_timing, compare_routers)
 #   OUT=$OUT bash benchmarks/device.sh real-train            # routers for the real model: $CONFIG
 #                                                            # (default configs/qwen2.5_coder_code.yaml)
@@ -37,10 +40,11 @@ ROUTER=${ROUTER:-$RUN/router}
 SAMPLES=${SAMPLES:-50}
 cli="python3 -m elastic_attention.cli"
 start=$(date +%s)
-copy_run() {  # a run folder's summary, metrics, plot and router adapter: copy_run RUN_FOLDER DESTINATION
-  mkdir -p "$2/router"
+copy_run() {  # a run folder's summary, metrics, plot and router adapter (or model): copy_run RUN DEST [router|model]
+  local part=${3:-router}
+  mkdir -p "$2/$part"
   cp "$1"/summary.json "$1"/metrics.csv "$1"/training.png "$2/" 2>/dev/null
-  cp "$1"/router/* "$2/router/" 2>/dev/null
+  cp "$1/$part"/* "$2/$part/" 2>/dev/null
 }
 layer_stage() {  # the layer benchmark, flex (and fa4 when installed): layer_stage FLEX_KERNEL_OPTIONS_JSON (or "")
   local backends=flex
@@ -77,13 +81,19 @@ case ${1:-} in
     echo "torchrun rc $? at $(( $(date +%s) - start )) s"
     copy_run /tmp/run "$OUT/run"
     tail -3 "$OUT/train.log" ;;
+  pretrain)
+    config=${2:?give the pretraining config, e.g. configs/backbone_tiny.yaml}; shift 2
+    timeout $LIMIT $cli -v pretrain "$config" output_dir=/tmp/pretrain "$@" --no-progress > "$OUT/pretrain.log" 2>&1
+    echo "pretrain rc $? at $(( $(date +%s) - start )) s"
+    copy_run /tmp/pretrain "$OUT/run" model
+    tail -3 "$OUT/pretrain.log" ;;
   eval)
     shift
     timeout $LIMIT $cli eval "$@" --out "$OUT/eval" > "$OUT/eval.log" 2>&1
     echo "eval rc $? at $(( $(date +%s) - start )) s"
     tr '\r' '\n' < "$OUT/eval.log" | tail -30 ;;
   script)
-    name=${2:?give the script name, e.g. pretrain_backbone}; shift 2
+    name=${2:?give the script name, e.g. count_probe}; shift 2
     timeout $LIMIT python3 "scripts/$name.py" "$@" > "$OUT/$name.log" 2>&1
     echo "script $name rc $? at $(( $(date +%s) - start )) s"
     tail -10 "$OUT/$name.log" ;;
@@ -111,5 +121,6 @@ case ${1:-} in
     echo "eval rc $? at $(( $(date +%s) - start )) s"
     tr '\r' '\n' < "$OUT/$name.log" | tail -30 ;;
   *)
-    echo "unknown stage '${1:-}': tests, layer, bench, train, torchrun, eval, script, real-train or real-eval"; exit 2 ;;
+    echo "unknown stage '${1:-}': tests, layer, bench, train, torchrun, pretrain, eval, script, flex-sweep,"\
+      "real-train or real-eval"; exit 2 ;;
 esac

@@ -18,9 +18,11 @@ from elastic_attention import ConfigError, ElasticConfig, InputError, Unsupporte
 from elastic_attention.cli import main as cli_main
 from elastic_attention.patterns import SequenceLayout
 from elastic_attention.training import TrainConfig
+from elastic_attention.training.pretrain_config import PretrainConfig
 from elastic_attention.training.data import load_rows
 
 TINY_SUITE = str(Path(__file__).resolve().parents[1] / "configs" / "tiny_suite.yaml")
+BACKBONE_TINY = str(Path(__file__).resolve().parents[1] / "configs" / "backbone_tiny.yaml")
 SMALL = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
 
 
@@ -49,6 +51,10 @@ def train_config(*overrides):
     return TrainConfig.from_yaml(TINY_SUITE, list(overrides))
 
 
+def pretrain_config(*overrides):
+    return PretrainConfig.from_yaml(BACKBONE_TINY, list(overrides))
+
+
 def rows_file(tmp_path, text):
     path = tmp_path / "rows.jsonl"
     path.write_text(text)
@@ -65,6 +71,28 @@ CASES = {
     "steps not a number": (lambda tmp: train_config("steps=abc"), ConfigError, "`steps` must be an integer"),
     "negative learning rate": (lambda tmp: train_config("router_lr=-1"), ConfigError, "`router_lr` must be positive"),
     "no rows": (lambda tmp: train_config("data.rows=0"), ConfigError, "`data.rows` must be at least 1"),
+    "pretraining sequences too short": (lambda tmp: pretrain_config("data.max_len=100"), ConfigError,
+                                        "`data.max_len` must be at least 192 tokens (suite rows need room), got 100"),
+    "pretraining min_len above max_len": (lambda tmp: pretrain_config("data.max_len=200"), ConfigError,
+                                          "`data.min_len` must be in [1, data.max_len = 200], got 256; lower it"),
+    "pretraining without a budget": (lambda tmp: pretrain_config("max_seconds=null"), ConfigError,
+                                     "set `max_steps` or `max_seconds`"),
+    "pretraining heads not in groups": (lambda tmp: pretrain_config("model.num_kv_heads=3"), ConfigError,
+                                        "`model.num_heads` (4) must be a multiple of `model.num_kv_heads` (3)"),
+    "pretraining rate above 1": (lambda tmp: pretrain_config("data.echo_rate=1.5"), ConfigError,
+                                 "`data.echo_rate` must be in [0, 1], got 1.5"),
+    "pretraining count questions typo": (lambda tmp: pretrain_config("data.count_questions=all"), ConfigError,
+                                         "`data.count_questions` must be 'one' or 'every'"),
+    "pretraining shape not a section": (lambda tmp: pretrain_config("model=tiny"), ConfigError,
+                                        "`model` must be a section of keys, got 'tiny'"),
+    "a number YAML reads as text": (lambda tmp: pretrain_config("lr=1e-3"), ConfigError,
+                                    "`lr` must be a number, got '1e-3' (YAML reads a number without a dot"),
+    "a key inside a value": (lambda tmp: pretrain_config("seed.x=1"), ConfigError,
+                             "`seed` is a value, not a section of keys"),
+    "a router config given to pretrain": (lambda tmp: PretrainConfig.from_yaml(TINY_SUITE), ConfigError,
+                                          "run it with `elastic-attention train`"),
+    "a pretraining config given to train": (lambda tmp: TrainConfig.from_yaml(BACKBONE_TINY), ConfigError,
+                                            "run it with `elastic-attention pretrain`"),
     "attached twice": (lambda tmp: ea.attach(attached(), SMALL), UnsupportedModelError, "already attached"),
     "unknown cache kind": (lambda tmp: ea.attach(tiny_model("llama"), SMALL, cache="big"), ConfigError,
                            "cache must be 'bounded' or 'full'"),
@@ -120,6 +148,8 @@ CLI_CASES = {
     "an unknown elastic key": (["train", TINY_SUITE, "--resume", "elastic.sinks=3"],
                                "unknown `elastic` keys ['sinks']"),
     "fetch without a name": (["models", "fetch"], "needs a model name"),
+    "a bad pretraining override": (["pretrain", BACKBONE_TINY, "--no-progress", "max_steps=two"],
+                                   "`max_steps` must be an integer"),
 }
 
 

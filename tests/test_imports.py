@@ -16,7 +16,7 @@ def test_import_loads_no_optional_kernel_library():
         "import sys, torch, transformers; from transformers import AttentionInterface, PreTrainedModel; "
         "before = set(sys.modules); "
         "import elastic_attention, elastic_attention.cache, elastic_attention.training, "
-        "elastic_attention.evaluation.pipeline; "
+        "elastic_attention.training.pretrain, elastic_attention.evaluation.pipeline; "
         f"print(sorted(m for m in set(sys.modules) - before if m.startswith({OPTIONAL!r})))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -260,13 +260,20 @@ def test_two_gloo_processes_match_one_process(tmp_path, random_suite_backbone, d
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_are_valid(path):
-    """Every config's model ships in the repository or is a known model that `make real-model` fetches."""
+    """Every config's first line is the command that runs it; a router config's model ships in the repository or is
+    a known model that `make real-model` fetches."""
     from elastic_attention.models import KNOWN_MODELS
+    from elastic_attention.training.pretrain_config import PretrainConfig
 
+    command = path.read_text().splitlines()[0].split()
+    assert command[:2] == ["#", "elastic-attention"] and command[3] == f"configs/{path.name}"
+    assert command[2] in ("train", "pretrain")
+    if command[2] == "pretrain":
+        PretrainConfig.from_yaml(path)
+        return
     config = TrainConfig.from_yaml(path)
     fetched = [f"artifacts/{name}" for name in KNOWN_MODELS]
     assert (ROOT / config.model).exists() or Path(config.model).exists() or config.model in fetched
-    assert path.read_text().startswith(f"# elastic-attention train configs/{path.name}")
 
 
 def test_supervised_loss_equals_the_models_own_loss_over_labelled_tokens():

@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_lm_eval(argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "train" and all("=" in item and not item.startswith("-") for item in extra):
+    overridable = args.command in ("train", "pretrain")
+    if extra and overridable and all("=" in item and not item.startswith("-") for item in extra):
         args.overrides += extra  # key=value overrides after --resume or --no-progress
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -104,12 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--gguf", help="an already assembled GGUF file to convert instead of downloading")
     models.add_argument("--cache", help="where the assembled GGUF file is kept (default: ~/.cache/elastic-attention)")
 
-    trainer = commands.add_parser("train", help="train routers: elastic-attention train CONFIG.yaml [key=value ...]")
-    trainer.add_argument("config", help="YAML training config (see configs/)")
-    trainer.add_argument("overrides", nargs="*", help="key=value or section.key=value, parsed as YAML")
-    trainer.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
-    trainer.add_argument("--overwrite", action="store_true", help="replace a previous run in the output folder")
-    trainer.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for name, summary, config_help in (
+        ("train", "train routers", "YAML training config (see configs/)"),
+        ("pretrain", "pretrain a backbone on the synthetic suite", "YAML pretraining config (configs/backbone_*.yaml)"),
+    ):
+        recipe = commands.add_parser(name, help=f"{summary}: elastic-attention {name} CONFIG.yaml [key=value ...]")
+        recipe.add_argument("config", help=config_help)
+        recipe.add_argument("overrides", nargs="*", help="key=value or section.key=value, parsed as YAML")
+        recipe.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+        recipe.add_argument("--overwrite", action="store_true", help="replace a previous run in the output folder")
+        recipe.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     bench = commands.add_parser("bench", help="benchmarks: bench layer|prefill|decode|train-step|cpu-prefill [options]")
     bench.add_argument("benchmark", choices=["layer", "prefill", "decode", "train-step", "cpu-prefill"])
@@ -119,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Carry out a parsed command."""
-    for module in ("yaml", "matplotlib") if args.command in ("train", "eval", "demo") else ():
+    for module in ("yaml", "matplotlib") if args.command in ("train", "pretrain", "eval", "demo") else ():
         if importlib.util.find_spec(module) is None:
             raise InputError(f"`elastic-attention {args.command}` needs {module}: pip install 'elastic-attention[train]'")
     if args.command == "bench":
@@ -137,6 +142,15 @@ def run(args: argparse.Namespace) -> int:
         summary = train(TrainConfig.from_yaml(args.config, args.overrides), resume=args.resume,
                         progress=not args.no_progress, overwrite=args.overwrite)
         print(json.dumps({key: summary[key] for key in ("steps", "seconds", "adapter") if key in summary}, indent=2))
+    elif args.command == "pretrain":
+        import json
+
+        from elastic_attention.training.pretrain import pretrain
+        from elastic_attention.training.pretrain_config import PretrainConfig
+
+        summary = pretrain(PretrainConfig.from_yaml(args.config, args.overrides), resume=args.resume,
+                           progress=not args.no_progress, overwrite=args.overwrite)
+        print(json.dumps({key: summary[key] for key in ("steps", "tokens", "train_seconds", "model")}, indent=2))
     elif args.command == "eval":
         from elastic_attention.evaluation.pipeline import resolve_tasks, run_eval_command
 

@@ -1,4 +1,5 @@
-"""Training plots (PNG): losses, MSR per task and multipliers per task against step (the paper's Figure 13)."""
+"""Training plots (PNG): the router trainer's losses, MSR and multipliers per task against step (the paper's Figure
+13), and the pretraining recipe's losses, accuracies and learning rate."""
 
 from __future__ import annotations
 
@@ -36,3 +37,35 @@ def plot_training(history: list[dict], output_dir: Path) -> Path:
     plt.close(figure)
     return path
 
+
+
+def plot_pretraining(history: list[dict], output_dir: Path) -> Path:
+    """Three panels from the pretraining recipe's logged steps (losses, argmax accuracies, learning rate); returns
+    the PNG path (``output_dir/training.png``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in history]
+    figure, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for key in ("loss", "suite", "dense"):
+        axes[0].plot(steps, [m[key] for m in history], label=key)  # NaN (no suite row yet) leaves a gap
+    axes[0].set_title("loss (cross-entropy on supervised tokens)")
+    axes[0].set_yscale("log")
+    for key in ("suite_accuracy", "dense_accuracy"):
+        axes[1].plot(steps, [m[key] for m in history], label=key.removesuffix("_accuracy"))
+    axes[1].set_title("argmax accuracy on supervised tokens")
+    axes[1].set_ylim(-0.05, 1.05)
+    axes[2].plot(steps, [m["lr"] for m in history])
+    axes[2].set_title("learning rate")
+    for axis in axes:
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8)
+    figure.tight_layout()
+    path = Path(output_dir) / "training.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

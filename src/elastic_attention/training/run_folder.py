@@ -12,24 +12,30 @@ from elastic_attention.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-#: What a run writes into its folder.
+#: What a router-training run writes into its folder.
 RUN_ENTRIES = ("checkpoints", "metrics.csv", "summary.json", "router", "tensorboard", "training.png")
 
-#: Settings that may change when a run is resumed (where and how it runs, not what it computes).
+#: Settings of a router-training run that may change when it is resumed (where and how it runs, not what it
+#: computes).
 RESUMABLE_CHANGES = frozenset({"output_dir", "checkpoint_every", "device", "distributed", "gradient_checkpointing",
                                "fsdp_reshard_after_forward"})
 
+#: Prefix of the staging folder a model is written into before it is renamed into the run folder.
+MODEL_STAGING = ".staging-model-"
 
-def claim_run_folder(folder: Path, *, resume: bool, overwrite: bool, is_main: bool) -> None:
-    """Make ``folder`` this run's: refuse a folder that holds another run unless ``overwrite`` (then the old run's
-    files go, together), and clear the half-written checkpoints a killed run left.
+
+def claim_run_folder(folder: Path, *, resume: bool, overwrite: bool, is_main: bool,
+                     entries: tuple[str, ...] = RUN_ENTRIES) -> None:
+    """Make ``folder`` this run's: refuse a folder that holds another run (any of ``entries``, what a run writes)
+    unless ``overwrite`` (then the old run's files go, together), and clear the half-written folders (checkpoints,
+    a saved model) a killed run left.
 
     Raises:
         ConfigError: another run is there (and neither ``resume`` nor ``overwrite``), or both were asked.
     """
     if resume and overwrite:
         raise ConfigError("--resume continues the run in the folder and --overwrite replaces it: choose one")
-    found = [name for name in RUN_ENTRIES if (folder / name).exists()]
+    found = [name for name in entries if (folder / name).exists()]
     if found and not resume and not overwrite:
         raise ConfigError(
             f"{folder} holds another run ({', '.join(found)}); pass --overwrite to replace it, --resume to continue "
@@ -42,18 +48,19 @@ def claim_run_folder(folder: Path, *, resume: bool, overwrite: bool, is_main: bo
             path = folder / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         logger.warning("--overwrite: removed the previous run's %s from %s", ", ".join(found), folder)
-    for leftover in (folder / "checkpoints").glob(".staging-*"):
+    for leftover in [*(folder / "checkpoints").glob(".staging-*"), *folder.glob(MODEL_STAGING + "*")]:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def check_resumable(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:
+def check_resumable(saved: dict[str, Any], current: dict[str, Any], source: Path,
+                    resumable: frozenset[str] = RESUMABLE_CHANGES) -> None:
     """Raise ConfigError naming every setting in which ``current`` differs from the checkpoint's ``saved`` config,
-    except those in `RESUMABLE_CHANGES`."""
+    except those in ``resumable`` (top-level keys)."""
     current = json.loads(json.dumps(current))  # tuples as lists, as the checkpoint holds them
     differences = [
         f"{name}: checkpoint {saved.get(name)!r}, now {current.get(name)!r}"
         for name in sorted(set(saved) | set(current))
-        if name not in RESUMABLE_CHANGES and saved.get(name) != current.get(name)
+        if name not in resumable and saved.get(name) != current.get(name)
     ]
     if differences:
         raise ConfigError(

@@ -10,6 +10,7 @@ from typing import Any
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import ConfigError
 from elastic_attention.router.temperature import TemperatureSchedule
+from elastic_attention.training.config_io import build_section, check_types, read_yaml, unknown_keys
 
 #: Paper targets: sparsity-robust tasks 1.0, sparsity-sensitive tasks 0.7.
 SUITE_TARGETS = {
@@ -110,8 +111,8 @@ class TrainConfig:
     fsdp_reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
-        _check_types(self, "")
-        _check_types(self.data, "data.")
+        check_types(self, "")
+        check_types(self.data, "data.")
         if not self.model:
             raise ConfigError("`model` must name the backbone folder")
         for name in ("router_lr", "multiplier_lr", "weight_decay", "grad_clip"):
@@ -165,14 +166,11 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         data = dict(data)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown training config keys {unknown}; known: {sorted(known)}")
+        unknown_keys(cls, data, "training config", ("max_seconds", "pretraining", "pretrain"))
         if "data" in data:
-            data["data"] = _build(DataConfig, data["data"], "data")
+            data["data"] = build_section(DataConfig, data["data"], "data")
         if "temperature" in data:
-            data["temperature"] = _build(TemperatureSchedule, data["temperature"], "temperature")
+            data["temperature"] = build_section(TemperatureSchedule, data["temperature"], "temperature")
         if "bounds" in data:
             data["bounds"] = {task: tuple(band) for task, band in data["bounds"].items()}
         return cls(**data)
@@ -180,51 +178,4 @@ class TrainConfig:
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
         """Read a YAML file and apply ``key=value`` / ``section.key=value`` overrides (values parsed as YAML)."""
-        import yaml
-
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        for override in overrides or []:
-            if "=" not in override:
-                raise ConfigError(f"override {override!r} must look like key=value or section.key=value")
-            key, value = override.split("=", 1)
-            target = data
-            *parents, leaf = key.split(".")
-            for parent in parents:
-                target = target.setdefault(parent, {})
-            target[leaf] = yaml.safe_load(value)
-        return cls.from_dict(data)
-
-
-def _check_types(instance, prefix: str) -> None:
-    """ConfigError naming a field whose value is not of its annotated type (int, float, bool, str, tuple of them)."""
-    expected = {"int": int, "float": (int, float), "bool": bool, "str": str}
-    for item in dataclasses.fields(instance):
-        annotation = item.type if isinstance(item.type, str) else getattr(item.type, "__name__", "")
-        value = getattr(instance, item.name)
-        if annotation.endswith("| None") and value is None:
-            continue
-        base = annotation.removesuffix(" | None")
-        if base in expected:
-            kind = expected[base]
-            wrong = not isinstance(value, kind) or (base != "bool" and isinstance(value, bool))
-            if wrong:
-                raise ConfigError(f"`{prefix}{item.name}` must be {_ARTICLE[base]}, got {value!r}")
-        elif base.startswith("tuple[") and base.endswith(", ...]"):
-            inner = base[len("tuple["): -len(", ...]")]
-            if inner in expected and (not isinstance(value, (tuple, list)) or not all(
-                    isinstance(v, expected[inner]) and not isinstance(v, bool) for v in value)):
-                raise ConfigError(f"`{prefix}{item.name}` must be a list of {inner} values, got {value!r}")
-
-
-_ARTICLE = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
-
-
-def _build(kind, value, name: str):
-    if isinstance(value, kind):
-        return value
-    known = {f.name for f in dataclasses.fields(kind)}
-    unknown = sorted(set(value) - known)
-    if unknown:
-        raise ConfigError(f"unknown `{name}` keys {unknown}; known: {sorted(known)}")
-    value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
-    return kind(**value)
+        return cls.from_dict(read_yaml(path, overrides))

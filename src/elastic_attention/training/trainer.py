@@ -9,8 +9,6 @@ replays the uninterrupted one.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import math
@@ -37,8 +35,10 @@ from elastic_attention.training.distributed import (
 )
 from elastic_attention.rows import encode_row
 from elastic_attention.training.data import IGNORE_INDEX, Pack, load_rows, pack_rows
+from elastic_attention.training.metrics_log import append_metrics, open_tensorboard, rewrite_metrics
 from elastic_attention.training.objective import SparsityObjective
 from elastic_attention.training.run_folder import check_resumable, claim_run_folder
+from elastic_attention.training.schedule import cosine_decay, linear_warmup
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class RouterTrainer:
         """Run the remaining steps; returns the run summary."""
         config = self.config
         bar = self._bar()
-        writer = self._tensorboard()
+        writer = open_tensorboard(self.output_dir, self.step) if self.rank == 0 else None
         started = time.perf_counter()
         step_seconds, step_tokens = [], []
         while self.step < config.steps:
@@ -187,7 +187,7 @@ class RouterTrainer:
             step_tokens.append(sum(self.packs[index].input_ids.numel() for index in self.pack_order(self.step)))
             self.history.append(metrics)
             if self.rank == 0:
-                self._log(metrics, writer)
+                append_metrics(self.output_dir / "metrics.csv", metrics, writer)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix_str(_postfix(metrics))
@@ -243,11 +243,10 @@ class RouterTrainer:
     def _lr_scale(self, step: int) -> float:
         warmup = round(self.config.warmup_fraction * self.config.steps)
         if step < warmup:
-            return (step + 1) / warmup
+            return linear_warmup(step, warmup)
         if self.config.lr_schedule == "constant":
             return 1.0
-        progress = (step - warmup) / max(1, self.config.steps - warmup)
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return cosine_decay((step - warmup) / max(1, self.config.steps - warmup))
 
     def _reduce_gradients(self) -> None:
         if self.world_size == 1:
@@ -332,22 +331,9 @@ class RouterTrainer:
         self.optimizer.load_state_dict(optimizer_state)
         self.step, self.history = step, scalars["history"]
         if self.rank == 0:
-            self._rewrite_metrics()
+            rewrite_metrics(self.output_dir / "metrics.csv", self.history)
         logger.info("resumed from step %d", step)
         return True
-
-    def _rewrite_metrics(self) -> None:
-        """Make metrics.csv hold exactly the restored history: a run killed after logging steps past its last
-        checkpoint would otherwise log those steps twice once resumed."""
-        path = self.output_dir / "metrics.csv"
-        if not self.history:
-            path.unlink(missing_ok=True)
-            return
-        buffer = io.StringIO(newline="")
-        csv_writer = csv.DictWriter(buffer, fieldnames=list(self.history[0]))
-        csv_writer.writeheader()
-        csv_writer.writerows(self.history)
-        atomic_write_text(path, buffer.getvalue())
 
     # -- outputs -----------------------------------------------------------------------------------------------
 
@@ -371,36 +357,12 @@ class RouterTrainer:
         if self.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
-    def _log(self, metrics: dict, writer) -> None:
-        path = self.output_dir / "metrics.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        new = not path.exists() or metrics["step"] == 1
-        with path.open("w" if new else "a", newline="") as file:
-            csv_writer = csv.DictWriter(file, fieldnames=list(metrics))
-            if new:
-                csv_writer.writeheader()
-            csv_writer.writerow(metrics)
-        if writer is not None:
-            for key, value in metrics.items():
-                if key != "step":
-                    writer.add_scalar(key, value, metrics["step"])
-
     def _bar(self):
         if not self.progress or self.rank != 0:
             return None
         from tqdm.auto import tqdm
 
         return tqdm(total=self.config.steps, initial=self.step, desc="train routers", unit="step")
-
-    def _tensorboard(self):
-        if self.rank != 0:
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            logger.info("tensorboard is not installed: logging to metrics.csv only")
-            return None
-        return SummaryWriter(str(self.output_dir / "tensorboard"), purge_step=self.step + 1)
 
 
 def train(config: TrainConfig, resume: bool = False, progress: bool = True, overwrite: bool = False) -> dict:
