@@ -46,7 +46,7 @@ def test_decode_steps_take_the_fused_path_and_equal_the_per_sequence_path():
                 logits.append(output.logits[:, -1])
                 tables.append([layer._segments for layer in cache.layers])
         runs[fused] = torch.stack(logits)
-        streaming = [[bool(h) for layer in range(2) for h in runtime_of(model).streaming_heads(layer, n, 2)]
+        streaming = [[bool(h) for layer in range(2) for h in runtime_of(model).routing.streaming_heads(layer, n)]
                      for n in range(2)]
         assert streaming[0] != streaming[1] and not all(streaming[0] + streaming[1])  # per-sample, some full heads
         assert cache.fused_decode_steps == (continuation.shape[1] if fused else 0)

@@ -49,3 +49,25 @@ def test_inner_packages_import_only_what_their_layer_allows():
                 for name in names:
                     if name.startswith("elastic_attention."):
                         assert name.split(".")[1] in allowed, f"{path.name} imports {name}"
+
+
+#: Inside the Hugging Face glue, the routing and the attention computed from it know nothing of the hooks, the
+#: bounded cache or training: the runtime composes them.
+ALLOWED_MODULE_IMPORTS = {
+    "integration/routing.py": ("config", "errors", "integration.report", "patterns", "router"),
+    "integration/hybrid_attention.py": ("backends", "cache.token_attention", "config", "patterns", "router"),
+}
+
+
+def test_routing_and_hybrid_attention_import_no_hooks_cache_or_training():
+    import ast
+    from pathlib import Path
+
+    import elastic_attention
+
+    root = Path(elastic_attention.__file__).parent
+    for relative, allowed in ALLOWED_MODULE_IMPORTS.items():
+        for node in ast.walk(ast.parse((root / relative).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("elastic_attention."):
+                name = node.module.removeprefix("elastic_attention.")
+                assert name.startswith(allowed), f"{relative} imports elastic_attention.{name}"

@@ -16,12 +16,12 @@ from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import ConfigError, InputError, UnsupportedModelError
 from elastic_attention.integration.families import attention_modules, decoder_of, family_of, layer_kinds
 from elastic_attention.integration.report import RoutingReport
-from elastic_attention.integration.runtime import (
+from elastic_attention.integration.attention_function import (
     ATTENTION_NAME,
     WINDOWED_ATTENTION_NAME,
-    ElasticRuntime,
     elastic_attention_forward,
 )
+from elastic_attention.integration.runtime import ElasticRuntime
 from elastic_attention.router import AttentionRouter
 
 logger = logging.getLogger(__name__)

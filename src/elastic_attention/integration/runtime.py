@@ -1,13 +1,13 @@
-"""Per-model state of elastic attention, and the attention function registered with transformers.
+"""`ElasticRuntime`: the per-model state of elastic attention, and the hooks that drive it.
 
-The model's forward is untouched. Two hooks and one registered function do the work:
+The model's forward is untouched. Hooks and the registered attention function (`attention_function`) do the work:
 - before the decoder runs (`before_decoder`): read the padding mask / packing and the cache, decide prefill or
   decode, and give eval-mode caching forwards an `ElasticCache`;
 - after each routed layer's key source (k_proj or k_norm, `after_key_source`): at prefill, pool the pre-RoPE keys
-  and route;
-- the registered attention function (`attention`): at prefill, build block tables from the routing and call the
-  backend (in training, both outputs mixed by the decision); after the prompt, attend through the cache by the
-  token rule;
+  and route (`routing.ModelRouting`), and hand the cache the layer's streaming heads;
+- each layer's attention (`attention`, called by the registered function): at prefill, attention from the routing
+  (`hybrid_attention.HybridAttention`); after the prompt, through the bounded cache, or over Hugging Face's cache
+  by the token rule;
 - after the decoder (`after_decoder`): keep the routing report of the forward.
 Routing is decided once per prefill and reused by every decode step that follows.
 """
@@ -22,31 +22,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-from elastic_attention.attached import RUNTIME_ATTRIBUTE
 from elastic_attention.backends import AttentionBackend
-from elastic_attention.cache.token_attention import token_attention
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import InputError
 from elastic_attention.integration.families import FamilySpec
+from elastic_attention.integration.hybrid_attention import HybridAttention
 from elastic_attention.integration.report import RoutingReport
-from elastic_attention.patterns import FULL, MODE_CODES, BlockTableBuilder, SequenceLayout, causal_pairs
-from elastic_attention.router import AttentionRouter, boundary_pool, is_retrieval
+from elastic_attention.integration.routing import ModelRouting
+from elastic_attention.patterns import SequenceLayout
+from elastic_attention.router import AttentionRouter
 
 logger = logging.getLogger(__name__)
 
-ATTENTION_NAME = "elastic_attention"
-#: The same function, for models with sliding-window layers: registered with a mask function that gives those layers
-#: the model's own window mask.
-WINDOWED_ATTENTION_NAME = "elastic_attention_windowed"
 #: Forward keyword arguments of per-call facts (see `ElasticRuntime`).
 PROMPT_LENGTHS_KWARG = "elastic_prompt_lengths"
 NOISE_SEED_KWARG = "elastic_noise_seed"
 
 
 class ElasticRuntime:
-    """Everything elastic attention keeps for one attached model.
+    """The state of elastic attention for one attached model: its routing (`ModelRouting`), its attention from
+    that routing (`HybridAttention`), the running forward (layout, cache) and what attach changed.
 
     Args:
         config: the attached configuration.
@@ -89,23 +84,15 @@ class ElasticRuntime:
         self.cache_kind = cache_kind
         self.sliding_window = sliding_window
         self.sliding_layers = sliding_layers
-        self.cache = None
         self.family = family
-        self.backend = backend
-        self.routers = routers
-        self.routed_layers = tuple(sorted(routers))
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.forced: torch.Tensor | None = None
-        self.noise_seed: int | None = None
-        self._noise_source: torch.Generator | None = None
-        self.noise_seeds: dict[int, int] = {}
-        self._builder: BlockTableBuilder | None = None
-        self._causal_pairs: tuple[SequenceLayout, torch.Tensor] | None = None
+        self.routing = ModelRouting(config, routers, num_kv_heads)
+        self.hybrid = HybridAttention(config, backend)
+        #: The `ElasticCache` of the running forward (None without one).
+        self.cache = None
+        #: The sequences of the running forward.
         self.layout: SequenceLayout | None = None
-        self.prompt_lengths: list[int] | None = None
-        self.decisions: dict[int, torch.Tensor] = {}
-        self.pairs: dict[int, torch.Tensor] = {}
         self.report: RoutingReport | None = None
         self._decoder_parameters: list[str] | None = None
         # What attach changed, so that detach can restore it.
@@ -115,6 +102,37 @@ class ElasticRuntime:
         self._warned_train_mode_caching = False
         #: The thread whose forward the runtime's state belongs to (set by `before_decoder`).
         self.forward_thread: int | None = None
+
+    @property
+    def routers(self) -> dict[int, AttentionRouter]:
+        return self.routing.routers
+
+    @property
+    def routed_layers(self) -> tuple[int, ...]:
+        return self.routing.routed_layers
+
+    @property
+    def decisions(self) -> dict[int, torch.Tensor]:
+        """Layer index -> [N, Hkv] decisions of the last prefill (see `ModelRouting`)."""
+        return self.routing.decisions
+
+    @property
+    def forced(self) -> torch.Tensor | None:
+        """None, or the [routed layers, Hkv] bool routing every prefill uses instead of the routers'."""
+        return self.routing.forced
+
+    @forced.setter
+    def forced(self, routing: torch.Tensor | None) -> None:
+        self.routing.forced = routing
+
+    @property
+    def backend(self) -> AttentionBackend:
+        return self.hybrid.backend
+
+    def select_sequences(self, index: torch.Tensor) -> None:
+        """Keep the routing of the sequences at ``index`` ([N'] int64, repeats allowed), in that order (what a
+        reordered, repeated or trimmed cache needs for its later decode steps)."""
+        self.routing.select_sequences(index)
 
     # -- hooks ---------------------------------------------------------------------------------------------------
 
@@ -156,22 +174,12 @@ class ElasticRuntime:
             if prompt_lengths is not None or noise_seed is not None:
                 raise InputError(f"{PROMPT_LENGTHS_KWARG} and {NOISE_SEED_KWARG} apply to a prefill, not to a decode "
                                  "step")
-            if not self.decisions:
-                raise InputError("a decode step arrived before any prefill; run the prompt through the model first")
-            routed = next(iter(self.decisions.values()))
-            if routed.shape[0] != layout.num_sequences:
-                raise InputError(
-                    f"this decode step has {layout.num_sequences} sequences but the prefill routed "
-                    f"{routed.shape[0]}; the batch must keep its rows from prefill to the last decode step "
-                    "(rows cannot be dropped or added between them)"
-                )
+            self.routing.check_decode(layout)
         else:
-            self.decisions = {}
-            self.pairs = {}
-            self.noise_seeds = {}
             # Kept for the whole forward and its backward (a recomputed layer pools the same tokens and draws the
             # same noise).
-            self.prompt_lengths, self.noise_seed, self._noise_source = prompt_lengths, noise_seed, None
+            self.routing.begin_prefill(prompt_lengths, noise_seed)
+            self.hybrid.begin_prefill()
         self.layout = layout
         if self.cache is not None:
             self.cache.begin_forward(layout)
@@ -203,31 +211,8 @@ class ElasticRuntime:
         kwargs[names[0]] = self.cache
         return True
 
-    def select_sequences(self, index: torch.Tensor) -> None:
-        """Keep the routing of the sequences at ``index`` ([N'] int64, repeats allowed), in that order: what a cache
-        that was reordered (beam search), repeated or trimmed along the batch needs for its later decode steps."""
-        self.decisions = {layer: z.index_select(0, index.to(z.device)) for layer, z in self.decisions.items()}
-        self.pairs = {layer: p.index_select(0, index.to(p.device)) for layer, p in self.pairs.items()}
-
-    def streaming_heads(self, layer_index: int, sequence: int, num_kv_heads: int) -> torch.Tensor:
-        """[Hkv] bool: the KV heads of ``sequence`` that run SSA in ``layer_index`` (and so keep a bounded cache)."""
-        z = self.decisions.get(layer_index)
-        if z is None:
-            return torch.zeros(num_kv_heads, dtype=torch.bool)
-        return self._streaming(z[sequence : sequence + 1])[0].cpu()
-
-    def _streaming(self, z: torch.Tensor) -> torch.Tensor:
-        """[N, Hkv] bool: the heads that stream (SSA keeps its sink and window; XA heads read every block)."""
-        if self.config.sparse_mode != "ssa":
-            return torch.zeros(z.shape, dtype=torch.bool, device=z.device)
-        return ~is_retrieval(z)
-
     def after_key_source(self, layer_index: int, output: torch.Tensor) -> None:
-        """Forward hook of a routed layer's key source: route at prefill.
-
-        A layer recomputed in the backward pass (gradient checkpointing) routes again with the same Gumbel noise, so
-        the recomputation reproduces the forward exactly.
-        """
+        """Forward hook of a routed layer's key source: route at prefill, and tell the cache which heads stream."""
         layout = self.layout
         if layout is None or not layout.is_prefill:
             return
@@ -236,28 +221,9 @@ class ElasticRuntime:
             keys = output.unflatten(-1, (-1, self.head_dim))
         else:
             keys = output.transpose(1, 2) if layout_of_keys == "heads_tokens" else output
-        if self.forced is not None:
-            z = self.forced[self.routed_layers.index(layer_index)].to(keys.device, torch.float32)
-            z = z.expand(layout.num_sequences, -1)
-        else:
-            router = self.routers[layer_index]
-            pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self.prompt_lengths)
-            z = router(pooled, generator=self._noise_generator(layer_index, keys.device) if router.training else None)
-        self.decisions[layer_index] = z
+        z = self.routing.route(layer_index, keys, layout)
         if self.cache is not None:
-            self.cache.route_layer(layer_index, self._streaming(z))
-
-    def _noise_generator(self, layer_index: int, device: torch.device) -> torch.Generator:
-        """The Gumbel-noise generator of a layer: its seed drawn once per forward, from the forward's
-        ``elastic_noise_seed`` when given (else from torch's global generator)."""
-        seed = self.noise_seeds.get(layer_index)
-        if seed is None:
-            if self.noise_seed is not None and self._noise_source is None:
-                self._noise_source = torch.Generator(device).manual_seed(self.noise_seed)
-            source = self._noise_source
-            seed = int(torch.randint(0, 2**62, (1,), generator=source, device=source.device if source else "cpu"))
-            self.noise_seeds[layer_index] = seed
-        return torch.Generator(device).manual_seed(seed)
+            self.cache.route_layer(layer_index, self.routing.streaming(z))
 
     def after_decoder(self, decoder: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         """Forward hook of the decoder: publish the routing report of a prefill; let go of this forward's cache (the
@@ -266,15 +232,7 @@ class ElasticRuntime:
         layout = self.layout
         if layout is None or not layout.is_prefill or not self.decisions:
             return
-        z = torch.stack([self.decisions[index] for index in self.routed_layers], dim=1)
-        esr = torch.stack([self.pairs[index] for index in self.routed_layers], dim=1)
-        self.report = RoutingReport(
-            layers=self.routed_layers,
-            rows=layout.row.clone(),
-            z=z,
-            msr=1.0 - z.mean(dim=(1, 2)),
-            esr_per_layer=esr,
-        )
+        self.report = self.routing.report(layout, self.hybrid.sparsity)
 
     # -- attention -----------------------------------------------------------------------------------------------
 
@@ -307,117 +265,10 @@ class ElasticRuntime:
         if bounded:
             return self.cache.layers[layer_index].attend(query, scale)
         if not layout.is_prefill:
-            return self._attend_tokens(query, key, value, layer_index, scale)
-        output = self._attend_prefill(query, key, value, layer_index, scale)
+            return self.hybrid.continue_tokens(
+                query, key, value, layout, lambda n: self.routing.streaming_heads(layer_index, n), scale
+            )
+        output = self.hybrid.prefill(query, key, value, layout, self.decisions.get(layer_index), layer_index, scale)
         if self.cache is not None:
             self.cache.layers[layer_index].commit()
         return output
-
-    def _attend_tokens(self, query, key, value, layer_index: int, scale: float) -> torch.Tensor:
-        """A step that continues a cached past, over every cached key, by the token rule (`patterns.tokens`)."""
-        num_kv, group = key.shape[1], query.shape[1] // key.shape[1]
-        output = torch.zeros_like(query)
-        for n, (row, start, length, first_row, count) in enumerate(self.layout.spans()):
-            if count == 0:
-                continue
-            streaming = self.streaming_heads(layer_index, n, num_kv).to(query.device)
-            attended = token_attention(
-                query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group)),
-                key[row, :, start : start + length],
-                value[row, :, start : start + length],
-                torch.arange(length - count, length, device=query.device),
-                torch.arange(length, device=query.device),
-                streaming,
-                sink_tokens=self.config.sink_tokens,
-                local_tokens=self.config.local_tokens,
-                scale=scale,
-            )
-            output[row, :, first_row : first_row + count] = attended.flatten(0, 1)
-        return output
-
-    def _attend_prefill(self, query, key, value, layer_index: int, scale: float) -> torch.Tensor:
-        layout = self.layout
-        z = self.decisions.get(layer_index)
-        if z is None:
-            modes = torch.full((layout.num_sequences, key.shape[1]), FULL, dtype=torch.long, device=query.device)
-            return self._attend(query, key, value, modes, scale, layer_index)
-        retrieval = MODE_CODES[self.config.retrieval_mode]
-        sparse = MODE_CODES[self.config.sparse_mode]
-        chosen = torch.where(is_retrieval(z), retrieval, sparse).long()
-        if not (z.requires_grad and torch.is_grad_enabled()):
-            return self._attend(query, key, value, chosen, scale, layer_index)
-        # Training: every head computes both outputs; the straight-through z mixes them and carries the gradient.
-        tables_retrieval, pairs_retrieval = self._tables(torch.full_like(chosen, retrieval), query, key, scale)
-        tables_sparse, pairs_sparse = self._tables(torch.full_like(chosen, sparse), query, key, scale)
-        group = query.shape[1] // key.shape[1]
-        retrieval_heads = (chosen == retrieval).repeat_interleave(group, dim=1).to(pairs_retrieval.device)
-        self._record_sparsity(layer_index, torch.where(retrieval_heads, pairs_retrieval, pairs_sparse))
-        out_retrieval = self.backend.attend(query, key, value, layout, tables_retrieval, scale)
-        out_sparse = self.backend.attend(query, key, value, layout, tables_sparse, scale)
-        weight = self._per_row_weight(z, query)
-        return weight * out_retrieval + (1.0 - weight) * out_sparse
-
-    def _tables(self, modes: torch.Tensor, query: torch.Tensor, key: torch.Tensor, scale: float):
-        """(block tables, attended pairs per head) of one layer; the forward's patterns are built once."""
-        if self._builder is None or self._builder.layout is not self.layout:
-            self._builder = BlockTableBuilder(self.layout, self.config, query.device)
-        return self._builder.build(modes, query.shape[1], query=query, key=key, scale=scale)
-
-    def _attend(self, query, key, value, modes, scale, layer_index: int) -> torch.Tensor:
-        tables, pairs = self._tables(modes, query, key, scale)
-        self._record_sparsity(layer_index, pairs)
-        return self.backend.attend(query, key, value, self.layout, tables, scale)
-
-    def _record_sparsity(self, layer_index: int, attended: torch.Tensor) -> None:
-        """ESR of a layer per sequence from attended causal pairs per head [N, Hq]."""
-        if self._causal_pairs is None or self._causal_pairs[0] is not self.layout:
-            self._causal_pairs = (self.layout, causal_pairs(self.layout).to(attended.device).double())
-        sparsity = 1.0 - attended.double() / self._causal_pairs[1][:, None]
-        self.pairs[layer_index] = sparsity.mean(dim=1).float()
-
-    def _per_row_weight(self, z: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-        """[N, Hkv] decisions spread to [B, Hq, S_q, 1] over each sequence's query rows."""
-        batch, num_query_heads, query_len, _ = query.shape
-        group = num_query_heads // z.shape[1]
-        per_head = z.repeat_interleave(group, dim=1).to(query.dtype)
-        weight = query.new_zeros(batch, num_query_heads, query_len, 1)
-        for n, (row, _, _, first_row, count) in enumerate(self.layout.spans()):
-            weight[row, :, first_row : first_row + count] = per_head[n][:, None, None]
-        return weight
-
-
-def elastic_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """The function registered with transformers' AttentionInterface under ``"elastic_attention"``.
-
-    Padding reaches elastic attention through the decoder pre-hook (the 2D mask), not through ``attention_mask``.
-
-    Returns:
-        ([B, S_q, Hq, D], None).
-    """
-    runtime: ElasticRuntime | None = getattr(module, RUNTIME_ATTRIBUTE, None)
-    if runtime is None:
-        raise InputError(
-            f"attention implementation {ATTENTION_NAME!r} is set on a model that is not attached; "
-            "call elastic_attention.attach(model, config)"
-        )
-    if dropout and module.training:
-        raise InputError(
-            f"attention dropout ({dropout}) is not supported by elastic attention; set config.attention_dropout=0"
-        )
-    if module.layer_idx in runtime.sliding_layers:  # the model's own attention, with the model's mask and cache
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      sliding_window=sliding_window, **kwargs)
-    if sliding_window is not None:
-        raise InputError(f"sliding-window attention (window {sliding_window}) reached a full-attention layer")
-    output = runtime.attention(module, query, key, value, scaling)
-    return output.transpose(1, 2).contiguous(), None

@@ -1,0 +1,122 @@
+"""`ModelRouting`: the routers of one attached model and what they decided for the current prompt.
+
+A prefill routes every routed layer once, from that layer's pre-RoPE keys (`route`); the decisions are kept for the
+decode steps that follow, reordered with the batch (`select_sequences`). Routing can be forced (every head full or
+sparse, or a fixed head set) instead of asking the routers. In train mode each layer draws its Gumbel noise from a
+seed taken once per forward, so a layer recomputed in the backward pass (gradient checkpointing) routes the same.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from elastic_attention.config import ElasticConfig
+from elastic_attention.errors import InputError
+from elastic_attention.integration.report import RoutingReport
+from elastic_attention.patterns import SequenceLayout
+from elastic_attention.router import AttentionRouter, boundary_pool, is_retrieval
+
+
+class ModelRouting:
+    """Routers per layer, the forced routing, the noise seeds and the decisions of the last prefill.
+
+    Args:
+        config: the attached configuration (pooling spans; which mode streams).
+        routers: layer index -> router, for the routed layers.
+        num_kv_heads: Hkv.
+
+    Attributes:
+        forced: None (the routers decide), or [routed layers, Hkv] bool, True = full attention for every sequence.
+        decisions: layer index -> [N, Hkv] float32 decisions of the last prefill (1.0 = retrieval; carries the
+            straight-through gradient in training).
+    """
+
+    def __init__(self, config: ElasticConfig, routers: dict[int, AttentionRouter], num_kv_heads: int) -> None:
+        self.config = config
+        self.routers = routers
+        self.routed_layers = tuple(sorted(routers))
+        self.num_kv_heads = num_kv_heads
+        self.forced: torch.Tensor | None = None
+        self.decisions: dict[int, torch.Tensor] = {}
+        self._prompt_lengths: list[int] | None = None
+        self._noise_seed: int | None = None
+        self._noise_source: torch.Generator | None = None
+        self._noise_seeds: dict[int, int] = {}
+
+    def begin_prefill(self, prompt_lengths: list[int] | None, noise_seed: int | None) -> None:
+        """Forget the previous prompt's decisions; pool only each sequence's first ``prompt_lengths`` tokens (None:
+        all of them) and draw this forward's noise from ``noise_seed`` (None: torch's global generator)."""
+        self.decisions = {}
+        self._noise_seeds = {}
+        self._prompt_lengths, self._noise_seed, self._noise_source = prompt_lengths, noise_seed, None
+
+    def check_decode(self, layout: SequenceLayout) -> None:
+        """Raise unless a prefill of the same sequences routed before this decode step."""
+        if not self.decisions:
+            raise InputError("a decode step arrived before any prefill; run the prompt through the model first")
+        routed = next(iter(self.decisions.values()))
+        if routed.shape[0] != layout.num_sequences:
+            raise InputError(
+                f"this decode step has {layout.num_sequences} sequences but the prefill routed "
+                f"{routed.shape[0]}; the batch must keep its rows from prefill to the last decode step "
+                "(rows cannot be dropped or added between them)"
+            )
+
+    def route(self, layer_index: int, keys: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
+        """Decide one layer at a prefill.
+
+        Args:
+            layer_index: a routed layer.
+            keys: [B, S, Hkv, D] the layer's pre-RoPE keys.
+            layout: the sequences of this forward.
+
+        Returns:
+            [N, Hkv] float32 decisions (also kept in ``decisions``).
+        """
+        if self.forced is not None:
+            z = self.forced[self.routed_layers.index(layer_index)].to(keys.device, torch.float32)
+            z = z.expand(layout.num_sequences, -1)
+        else:
+            router = self.routers[layer_index]
+            pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self._prompt_lengths)
+            z = router(pooled, generator=self._noise_generator(layer_index, keys.device) if router.training else None)
+        self.decisions[layer_index] = z
+        return z
+
+    def streaming(self, z: torch.Tensor) -> torch.Tensor:
+        """[N, Hkv] bool: the heads that stream (SSA keeps its sink and window; XA heads read every block)."""
+        if self.config.sparse_mode != "ssa":
+            return torch.zeros(z.shape, dtype=torch.bool, device=z.device)
+        return ~is_retrieval(z)
+
+    def streaming_heads(self, layer_index: int, sequence: int) -> torch.Tensor:
+        """[Hkv] bool on the CPU: the KV heads of ``sequence`` that run SSA in ``layer_index`` (none in a layer
+        without a router)."""
+        z = self.decisions.get(layer_index)
+        if z is None:
+            return torch.zeros(self.num_kv_heads, dtype=torch.bool)
+        return self.streaming(z[sequence : sequence + 1])[0].cpu()
+
+    def select_sequences(self, index: torch.Tensor) -> None:
+        """Keep the decisions of the sequences at ``index`` ([N'] int64, repeats allowed), in that order: what a
+        cache that was reordered (beam search), repeated or trimmed along the batch needs for its later steps."""
+        self.decisions = {layer: z.index_select(0, index.to(z.device)) for layer, z in self.decisions.items()}
+
+    def report(self, layout: SequenceLayout, sparsity: dict[int, torch.Tensor]) -> RoutingReport:
+        """The `RoutingReport` of the last prefill, given each routed layer's ESR per sequence ([N] each)."""
+        z = torch.stack([self.decisions[index] for index in self.routed_layers], dim=1)
+        esr = torch.stack([sparsity[index] for index in self.routed_layers], dim=1)
+        return RoutingReport(layers=self.routed_layers, rows=layout.row.clone(), z=z, msr=1.0 - z.mean(dim=(1, 2)),
+                             esr_per_layer=esr)
+
+    def _noise_generator(self, layer_index: int, device: torch.device) -> torch.Generator:
+        """The Gumbel-noise generator of a layer: its seed drawn once per forward, from the forward's noise seed
+        when given (else from torch's global generator)."""
+        seed = self._noise_seeds.get(layer_index)
+        if seed is None:
+            if self._noise_seed is not None and self._noise_source is None:
+                self._noise_source = torch.Generator(device).manual_seed(self._noise_seed)
+            source = self._noise_source
+            seed = int(torch.randint(0, 2**62, (1,), generator=source, device=source.device if source else "cpu"))
+            self._noise_seeds[layer_index] = seed
+        return torch.Generator(device).manual_seed(seed)
