@@ -164,12 +164,15 @@ def fused_decode_case(device: str, dtype: torch.dtype, group: int, head_dim: int
     return actual.double().cpu(), expected
 
 
-def masked_attention_float64(query, key, value, mask, scale):
-    """Oracle: softmax attention in float64 with an explicit [Hq, Lq, Lk] mask. query [Hq, Lq, D], key [Hkv, Lk, D]."""
+def masked_attention_float64(query, key, value, mask, scale, softcap=None):
+    """Oracle: softmax attention in float64 with an explicit [Hq, Lq, Lk] mask. query [Hq, Lq, D], key [Hkv, Lk, D];
+    with ``softcap`` c the scores become c * tanh(scores / c) first (Gemma 2)."""
     group = query.shape[0] // key.shape[0]
     key = key.double().repeat_interleave(group, dim=0)
     value = value.double().repeat_interleave(group, dim=0)
     scores = query.double() @ key.transpose(-1, -2) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ value
 

@@ -44,22 +44,25 @@ def test_token_rule_mask_equals_a_per_element_rule():
                 assert bool(mask[h, i, j]) == visible, (h, q, k)
 
 
-def test_token_attention_matches_float64_softmax_in_any_slot_order():
+@pytest.mark.parametrize("softcap, queries", [(None, 5), (1.5, 5), (1.5, 1)])
+def test_token_attention_matches_float64_softmax_in_any_slot_order(softcap, queries):
     torch.manual_seed(0)
-    query = torch.randn(3, 2, 5, 16, dtype=torch.float64)
+    query = torch.randn(3, 2, queries, 16, dtype=torch.float64) * 3
     key, value = torch.randn(2, 3, 29, 16, dtype=torch.float64)
     positions = torch.randperm(29)
     positions[3] = -1
-    query_positions = torch.arange(24, 29)
+    query_positions = torch.arange(29 - queries, 29)
     streaming = torch.tensor([False, True, True])
     actual = token_attention(query, key, value, query_positions, positions, streaming, sink_tokens=4,
-                             local_tokens=8, scale=0.25)
+                             local_tokens=8, scale=0.25, softcap=softcap)
     for h in range(3):
         for i, q in enumerate(query_positions.tolist()):
             keep = [j for j, k in enumerate(positions.tolist())
                     if 0 <= k <= q and (not streaming[h] or k < 4 or k > q - 8)]
-            weights = torch.softmax(query[h, :, i] @ key[h, keep].T * 0.25, dim=-1)
-            torch.testing.assert_close(actual[h, :, i], weights @ value[h, keep])
+            scores = query[h, :, i] @ key[h, keep].T * 0.25
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
+            torch.testing.assert_close(actual[h, :, i], torch.softmax(scores, dim=-1) @ value[h, keep])
 
 
 @pytest.mark.parametrize("family, width", [("llama", 40), ("qwen3", 40), ("llama", 12)])

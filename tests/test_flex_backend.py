@@ -11,10 +11,10 @@ from elastic_attention.patterns import FULL, MODE_CODES, SequenceLayout, build_b
 BACKEND = FlexBackend()
 
 
-def run_both(query, key, value, layout, modes, config, scale=0.125):
+def run_both(query, key, value, layout, modes, config, scale=0.125, softcap=None):
     tables = build_block_tables(layout, modes, config, query.shape[1], query=query, key=key, scale=scale)
-    expected = ReferenceBackend().attend(query, key, value, layout, tables, scale)
-    actual = BACKEND.attend(query, key, value, layout, tables, scale)
+    expected = ReferenceBackend().attend(query, key, value, layout, tables, scale, softcap)
+    actual = BACKEND.attend(query, key, value, layout, tables, scale, softcap)
     return actual, expected
 
 
@@ -37,6 +37,22 @@ def test_prefill_with_padding_matches_the_reference(configuration, group, head_d
     modes = torch.tensor([[retrieval, sparse], [sparse, sparse], [retrieval, retrieval]])
     actual, expected = run_both(query, key, value, layout, modes, config)
     torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_soft_capped_padded_prefill_matches_the_reference(group):
+    torch.manual_seed(group)
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=32)
+    mask = torch.ones(2, 61, dtype=torch.bool)
+    mask[1, :23] = False
+    layout = SequenceLayout.from_padding_mask(mask)
+    query = torch.randn(2, 2 * group, 61, 32) * 4  # scores well past the cap
+    key, value = torch.randn(2, 2, 2, 61, 32)
+    modes = torch.tensor([[FULL, 1], [1, 1]])
+    actual, expected = run_both(query, key, value, layout, modes, config, softcap=1.5)
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+    uncapped = run_both(query, key, value, layout, modes, config)[1]
+    assert (expected - uncapped).abs().max() > 0.05
 
 
 def test_packed_sequences_and_a_decode_step_match_the_reference():

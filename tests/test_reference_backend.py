@@ -36,6 +36,28 @@ def test_hybrid_prefill_matches_float64(group, head_dim, length):
     torch.testing.assert_close(output[0].double(), expected, **tolerance(torch.float32))
 
 
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("length", [37, 130])
+def test_soft_capped_prefill_matches_float64(group, length):
+    torch.manual_seed(length + group)
+    kv_heads, heads, head_dim = 2, 2 * group, 32
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=32)
+    query = torch.randn(1, heads, length, head_dim) * 3  # scores well past the cap
+    key, value = torch.randn(2, 1, kv_heads, length, head_dim)
+    modes = torch.tensor([[SSA, FULL]])
+    layout = SequenceLayout.dense(1, length)
+    tables = build_block_tables(layout, modes, config, heads)
+    scale = head_dim**-0.5
+    output = ReferenceBackend().attend(query, key, value, layout, tables, scale, softcap=2.5)
+    masks = torch.stack(
+        [token_mask(length, 16, "ssa" if modes[0, h // group] == SSA else "full", 1, 2) for h in range(heads)]
+    )
+    expected = masked_attention_float64(query[0], key[0], value[0], masks, scale, softcap=2.5)
+    torch.testing.assert_close(output[0].double(), expected, **tolerance(torch.float32))
+    uncapped = masked_attention_float64(query[0], key[0], value[0], masks, scale)
+    assert (expected - uncapped).abs().max() > 0.05
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_padded_batch_and_decode_match_float64(dtype):
     torch.manual_seed(1)

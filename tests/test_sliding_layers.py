@@ -19,7 +19,9 @@ from elastic_attention import ConfigError, ElasticConfig, UnsupportedModelError
 CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4, pool_first=6, pool_last=6)
 WINDOW = 24
 MIXED = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
-FAMILIES = ("qwen2", "gemma2", "gemma3_text", "cohere2")
+FAMILIES = ("qwen2", "gemma2", "gemma2_softcap", "gemma3_text", "cohere2")
+#: Gemma 2's soft-cap in the tests, with the query and key projections scaled up so that it binds.
+SOFTCAP = 2.0
 
 
 def tiny_mixed(family: str, seed: int = 0):
@@ -44,6 +46,14 @@ def tiny_mixed(family: str, seed: int = 0):
     if family == "gemma2":
         return Gemma2ForCausalLM(Gemma2Config(**common, attn_logit_softcapping=None,
                                               final_logit_softcapping=None)).eval()
+    if family == "gemma2_softcap":
+        model = Gemma2ForCausalLM(Gemma2Config(**common, attn_logit_softcapping=SOFTCAP,
+                                               final_logit_softcapping=None)).eval()
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(12.0)
+                layer.self_attn.k_proj.weight.mul_(12.0)
+        return model
     if family == "gemma3_text":
         return Gemma3ForCausalLM(Gemma3TextConfig(**common, layer_types=MIXED)).eval()
     return Cohere2ForCausalLM(Cohere2Config(**common, layer_types=MIXED)).eval()
@@ -64,7 +74,14 @@ def oracle_attention(module, query, key, value, attention_mask, scaling=None, dr
         allowed = (positions[None, :] <= positions[:, None]) & (positions[None, :] > positions[:, None] - WINDOW)
     else:
         allowed = token_mask(length, 8, "ssa", sink_blocks=1, local_blocks=2)
-    output = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=True)
+    softcap = kwargs.get("softcap")
+    if softcap is None:
+        output = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=True)
+    else:  # Gemma 2: c * tanh(scores / c), in float64
+        group = query.shape[1] // key.shape[1]
+        scores = query.double() @ key.double().repeat_interleave(group, dim=1).transpose(2, 3) * scaling
+        scores = (softcap * torch.tanh(scores / softcap)).masked_fill(~allowed, float("-inf"))
+        output = (torch.softmax(scores, dim=-1) @ value.double().repeat_interleave(group, dim=1)).to(query.dtype)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -109,7 +126,7 @@ def test_forced_sparse_on_the_full_layers_equals_masked_sdpa(family):
     with torch.no_grad():
         expected = model(ids, use_cache=False).logits
     model.set_attn_implementation(previous)
-    ea.attach(model, CONFIG, backend="cpu")
+    ea.attach(model, CONFIG, backend="reference" if family == "gemma2_softcap" else "cpu")
     ea.force_routing(model, "sparse")
     with torch.no_grad():
         logits = model(ids, use_cache=False).logits
@@ -117,7 +134,7 @@ def test_forced_sparse_on_the_full_layers_equals_masked_sdpa(family):
     assert ea.routing_report(model).msr.tolist() == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "qwen2"])
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen2", "gemma2_softcap"])
 def test_generation_and_padding_match_each_sample_alone(family):
     model = tiny_mixed(family)
     ea.attach(model, CONFIG, backend="reference")
@@ -139,16 +156,11 @@ def test_generation_and_padding_match_each_sample_alone(family):
 
 
 def test_sliding_layers_cannot_be_routed_and_unsupported_features_are_named():
-    from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
+    from transformers import MistralConfig, MistralForCausalLM
 
     with pytest.raises(ConfigError, match="sliding-window layers \\[0\\]"):
         ea.attach(tiny_mixed("gemma3_text"), ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16,
                                                             xa_stride=4, routed_layers=[0, 1]))
-    capped = Gemma2ForCausalLM(Gemma2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                            attn_logit_softcapping=50.0))
-    with pytest.raises(UnsupportedModelError, match="soft-capping \\(attn_logit_softcapping=50.0\\)"):
-        ea.attach(capped, CONFIG)
     everywhere = MistralForCausalLM(MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
                                                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                                   sliding_window=16))
@@ -161,6 +173,31 @@ def test_sliding_layers_cannot_be_routed_and_unsupported_features_are_named():
                                            num_local_experts=2, num_experts_per_tok=1))
     with pytest.raises(UnsupportedModelError, match="learned attention sinks"):
         ea.attach(sinks, CONFIG)
+
+
+def test_the_soft_cap_binds_and_a_backend_without_it_is_refused_by_name():
+    from elastic_attention import BackendUnavailableError
+
+    model = tiny_mixed("gemma2_softcap")
+    ids = torch.randint(1, 97, (1, 40), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        capped = model(ids).logits
+        model.config.attn_logit_softcapping = None
+        for layer in model.model.layers:
+            layer.self_attn.attn_logit_softcapping = None
+        uncapped = model(ids).logits
+        model.config.attn_logit_softcapping = SOFTCAP
+        for layer in model.model.layers:
+            layer.self_attn.attn_logit_softcapping = SOFTCAP
+    assert (capped - uncapped).abs().max() > 0.1  # the test models' scores reach the cap
+    with pytest.raises(BackendUnavailableError, match="backend 'cpu' does not soft-cap .*use 'reference' or 'flex'"):
+        ea.attach(model, CONFIG, backend="cpu")
+    assert not ea.integration.is_attached(model)
+    ea.attach(model, CONFIG)  # auto on a CPU: reference, which soft-caps
+    assert ea.integration.runtime_of(model).backend.name == "reference"
+    ea.force_routing(model, "full")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, capped, atol=2e-5, rtol=1e-4)
 
 
 def test_an_adapter_of_a_mixed_model_routes_the_same_layers_again(tmp_path):

@@ -17,6 +17,8 @@ class AttentionBackend(Protocol):
     """
 
     name: str
+    #: Whether ``attend`` implements a logit soft-cap.
+    supports_softcap: bool
 
     def attend(
         self,
@@ -26,6 +28,7 @@ class AttentionBackend(Protocol):
         layout: SequenceLayout,
         tables: BlockTables,
         scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Hybrid attention.
 
@@ -36,6 +39,9 @@ class AttentionBackend(Protocol):
             layout: where each sequence lives on the key axis.
             tables: attended key blocks per (sequence, query head, query block).
             scale: softmax scale applied to q.k.
+            softcap: None, or the logit soft-cap c (Gemma 2): scores become c * tanh(scale q.k / c) before the
+                mask and the softmax. A backend whose ``supports_softcap`` is False raises
+                `BackendUnavailableError` when given one.
 
         Returns:
             [B, Hq, S_q, D] in the dtype of ``query``; rows that belong to no sequence (padding) are zero.

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from elastic_attention.errors import BackendUnavailableError
 from elastic_attention.patterns import BlockTables, SequenceLayout, block_mask_from_tables
 
 #: Query tokens per chunk of a sparse pattern (rounded to whole blocks): small enough that the union of the key
@@ -25,6 +26,7 @@ class CPUBlockBackend:
     """Block-sparse attention from block tables through SDPA calls over the attended blocks only."""
 
     name = "cpu"
+    supports_softcap = False
 
     def attend(
         self,
@@ -34,7 +36,13 @@ class CPUBlockBackend:
         layout: SequenceLayout,
         tables: BlockTables,
         scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
+        if softcap is not None:
+            raise BackendUnavailableError(
+                "the cpu backend's SDPA kernels do not soft-cap attention logits; attach with backend='reference' "
+                "(or 'flex') for a model with attn_logit_softcapping"
+            )
         output = torch.zeros_like(query)
         group = query.shape[1] // key.shape[1]
         size = tables.block_size

@@ -59,6 +59,7 @@ class FlexBackend:
     """
 
     name = "flex"
+    supports_softcap = True
 
     def __init__(self, kernel_options: dict | None = None) -> None:
         """Args:
@@ -87,6 +88,7 @@ class FlexBackend:
         layout: SequenceLayout,
         tables: BlockTables,
         scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         from torch.nn.attention.flex_attention import BlockMask
 
@@ -120,12 +122,20 @@ class FlexBackend:
         options = self._kernel_options
         if options is None:
             options = kernel_options_for(device, query.shape[-1], size)
+        score_mod = None if softcap is None else _softcap_score_mod(torch.tensor(float(softcap), device=device))
         attended = self._flex(
-            aligned.query, aligned.key, aligned.value, block_mask=block_mask, scale=scale, enable_gqa=True,
-            kernel_options=options,
+            aligned.query, aligned.key, aligned.value, score_mod=score_mod, block_mask=block_mask, scale=scale,
+            enable_gqa=True, kernel_options=options,
         )
         return aligned.scatter(attended, query)
 
+
+def _softcap_score_mod(cap: torch.Tensor):
+    """A flex score_mod that soft-caps the scaled scores: c * tanh(score / c), c a 0-d tensor."""
+    def softcapped(score, batch, head, query_index, key_index):
+        return cap * torch.tanh(score / cap)
+
+    return softcapped
 
 
 def split_diagonal(counts: torch.Tensor, index: torch.Tensor, first_query_block: torch.Tensor):

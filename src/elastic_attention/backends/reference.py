@@ -2,7 +2,7 @@
 
 Per sequence, it expands the block tables of a chunk of query blocks to a token mask (chunk x keys, never S x S for
 long inputs), adds causality, and runs masked softmax attention in float32 (float64 for float64 inputs) through
-torch's scaled_dot_product_attention. Heads that share a block pattern (every head of a mode, for FA and SSA) share
+torch's scaled_dot_product_attention (explicit scores when the logits are soft-capped). Heads that share a block pattern (every head of a mode, for FA and SSA) share
 one token mask.
 """
 
@@ -21,6 +21,7 @@ class ReferenceBackend:
     """Masked-softmax attention driven by block tables."""
 
     name = "reference"
+    supports_softcap = True
 
     def attend(
         self,
@@ -30,6 +31,7 @@ class ReferenceBackend:
         layout: SequenceLayout,
         tables: BlockTables,
         scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         num_query_heads = query.shape[1]
         compute_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
@@ -57,9 +59,22 @@ class ReferenceBackend:
                 allowed &= key_positions[None, :] <= query_positions[:, None]
                 physical = slice(first_row + lo - first_position, first_row + hi - first_position)
                 queries = query[row, :, physical].to(compute_dtype)
-                attended = F.scaled_dot_product_attention(
-                    queries[None], keys[None], values[None], attn_mask=allowed[head_pattern][None], scale=scale,
-                    enable_gqa=True,
-                )
-                output[row, :, physical] = attended[0].to(query.dtype)
+                mask = allowed[head_pattern]
+                if softcap is None:
+                    attended = F.scaled_dot_product_attention(
+                        queries[None], keys[None], values[None], attn_mask=mask[None], scale=scale, enable_gqa=True,
+                    )[0]
+                else:
+                    attended = _softcapped_attention(queries, keys, values, mask, scale, softcap)
+                output[row, :, physical] = attended.to(query.dtype)
         return output
+
+
+def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+                          scale: float, softcap: float) -> torch.Tensor:
+    """Masked softmax attention with soft-capped logits: query [Hq, q, D], key/value [Hkv, k, D], allowed [Hq, q, k]
+    -> [Hq, q, D]."""
+    group = query.shape[0] // key.shape[0]
+    scores = torch.einsum("hqd,hkd->hqk", query, key.repeat_interleave(group, dim=0)) * scale
+    scores = (softcap * torch.tanh(scores / softcap)).masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,hkd->hqd", torch.softmax(scores, dim=-1), value.repeat_interleave(group, dim=0))

@@ -230,7 +230,9 @@ class ElasticCacheLayer(CacheLayerMixin):
                     continue
                 queries = query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
                 result = output[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
-                if count == 1:
+                if self.cache.softcap is not None:
+                    self._attend_softcapped(store, staged, queries, result, scale)
+                elif count == 1:
                     self._attend_one(store, staged, queries, result, scale)
                     self._staged[index] = None
                 else:
@@ -277,6 +279,33 @@ class ElasticCacheLayer(CacheLayerMixin):
             torch.cat([store.ring_positions, query_positions]), torch.ones_like(heads, dtype=torch.bool),
             sink_tokens=sink, local_tokens=local, scale=scale,
         )
+
+    def _attend_softcapped(self, store: SequenceStore, staged: StagedEntries, queries: torch.Tensor,
+                           result: torch.Tensor, scale: float) -> None:
+        """New queries of one sequence when the model soft-caps its attention logits: every head through
+        `token_attention` (the fused kernels have no soft-cap), ring heads over the ring and the staged entries.
+
+        Args:
+            queries, result: [Hkv, g, n, D] views of the step's queries and of the output rows.
+        """
+        window = self.cache.window
+        length, count = store.length, queries.shape[2]
+        query_positions = torch.arange(length - count, length, device=queries.device)
+        rule = dict(sink_tokens=window.sink_tokens, local_tokens=window.local_tokens, scale=scale,
+                    softcap=self.cache.softcap)
+        if store.full_heads.numel():
+            heads = store.full_heads
+            result[heads] = token_attention(
+                queries[heads], store.full_keys[:, :length], store.full_values[:, :length], query_positions,
+                torch.arange(length, device=queries.device), torch.zeros_like(heads, dtype=torch.bool), **rule,
+            )
+        if store.ring_heads.numel():
+            heads = store.ring_heads
+            result[heads] = token_attention(
+                queries[heads], torch.cat([store.ring_keys, staged.keys], dim=1),
+                torch.cat([store.ring_values, staged.values], dim=1), query_positions,
+                torch.cat([store.ring_positions, query_positions]), torch.ones_like(heads, dtype=torch.bool), **rule,
+            )
 
     def _attend_one(self, store: SequenceStore, staged: StagedEntries, queries: torch.Tensor, result: torch.Tensor,
                     scale: float) -> None:
@@ -486,7 +515,9 @@ class ElasticCache(Cache):
         self.layout: SequenceLayout | None = None
         self._streaming: dict[int, torch.Tensor] = {}
         self.max_length = max_length
-        self.fused_decode = fused_decode
+        #: The model's attention-logit soft-cap (None: none); soft-capped steps run in torch, never fused.
+        self.softcap: float | None = runtime.softcap
+        self.fused_decode = fused_decode and self.softcap is None
         # A model's sliding-window layers keep their own attention, so they keep transformers' own window cache.
         super().__init__(layers=[
             DynamicSlidingWindowLayer(sliding_window=runtime.sliding_window) if index in runtime.sliding_layers

@@ -13,7 +13,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from elastic_attention.backends import get_backend
 from elastic_attention.attached import RUNTIME_ATTRIBUTE, attached_runtime
 from elastic_attention.config import ElasticConfig
-from elastic_attention.errors import ConfigError, InputError, UnsupportedModelError
+from elastic_attention.errors import BackendUnavailableError, ConfigError, InputError, UnsupportedModelError
 from elastic_attention.integration.families import attention_modules, decoder_of, family_of, layer_kinds
 from elastic_attention.integration.report import RoutingReport
 from elastic_attention.integration.attention_function import (
@@ -56,7 +56,8 @@ def attach(
     Args:
         model: a causal LM (or its base model) of a supported family.
         config: the configuration; defaults to ``ElasticConfig()``.
-        backend: attention backend name (``"auto"``, ``"fa4"``, ``"flex"``, ``"reference"``).
+        backend: attention backend name (``"auto"``, ``"fa4"``, ``"flex"``, ``"cpu"``, ``"reference"``); for a model
+            that soft-caps its attention logits (Gemma 2) ``"auto"`` skips ``"cpu"``, which cannot.
         cache: ``"bounded"`` (default): `generate` and other eval-mode forwards that cache use an `ElasticCache`,
             where SSA heads keep only their sink and window; ``"full"``: the model's own cache, every key kept.
 
@@ -66,7 +67,7 @@ def attach(
     Raises:
         UnsupportedModelError: the family is not supported, uses sliding windows, or is already attached.
         ConfigError: ``routed_layers`` names layers the model does not have.
-        BackendUnavailableError: the backend cannot run here.
+        BackendUnavailableError: the backend cannot run here, or lacks a feature the model needs (soft-capping).
     """
     config = config or ElasticConfig()
     if cache not in ("bounded", "full"):
@@ -91,6 +92,8 @@ def attach(
         config = dataclasses.replace(config, routed_layers=full_layers)
     if not model._can_set_attn_implementation():
         raise UnsupportedModelError(f"{type(model).__name__} does not dispatch attention through AttentionInterface")
+    softcap = getattr(model.config, "attn_logit_softcapping", None)
+    attention_backend = _backend_for(backend, softcap)
 
     head_dim = modules[0].head_dim
     num_kv_heads = model.config.num_key_value_heads
@@ -106,9 +109,10 @@ def attach(
         modules[index].add_module(ROUTER_ATTRIBUTE, router)
         routers[index] = router
     runtime = ElasticRuntime(
-        config, family, get_backend(backend), routers, num_kv_heads, head_dim, num_layers=len(modules), cache_kind=cache,
+        config, family, attention_backend, routers, num_kv_heads, head_dim, num_layers=len(modules), cache_kind=cache,
         sliding_window=getattr(model.config, "sliding_window", None) if "sliding" in kinds else None,
         sliding_layers=frozenset(index for index, kind in enumerate(kinds) if kind == "sliding"),
+        softcap=softcap,
     )
     runtime.previous_implementation = model.config._attn_implementation
     runtime.requires_grad_before = frozen
@@ -125,6 +129,23 @@ def attach(
     object.__setattr__(model, RUNTIME_ATTRIBUTE, runtime)
     model.set_attn_implementation(WINDOWED_ATTENTION_NAME if runtime.sliding_layers else ATTENTION_NAME)
     return model
+
+
+def _backend_for(name: str, softcap: float | None):
+    """The backend ``name`` resolves to, for a model that soft-caps its attention logits when ``softcap`` is set:
+    ``"auto"`` then skips a backend without soft-capping (the ``cpu`` one) for ``reference``; a backend asked for by
+    name that lacks it is refused."""
+    backend = get_backend(name)
+    if softcap is None or backend.supports_softcap:
+        return backend
+    if name != "auto":
+        raise BackendUnavailableError(
+            f"backend {name!r} does not soft-cap attention logits, which this model does (attn_logit_softcapping="
+            f"{softcap}); use 'reference' or 'flex' (or 'fa4', which hands soft-capped calls to flex)"
+        )
+    logger.info("elastic-attention: backend 'auto' takes 'reference' instead of %r, which does not soft-cap "
+                "attention logits (attn_logit_softcapping=%s)", backend.name, softcap)
+    return get_backend("reference")
 
 
 def detach(model: nn.Module) -> nn.Module:

@@ -68,12 +68,6 @@ def family_of(model: nn.Module) -> tuple[str, FamilySpec]:
             f"model_type {model_type!r} is not supported by elastic attention; supported: {sorted(FAMILIES)}. "
             "A new family is one entry in elastic_attention.integration.families.FAMILIES"
         )
-    softcap = getattr(config, "attn_logit_softcapping", None)
-    if softcap is not None:
-        raise UnsupportedModelError(
-            f"attention logit soft-capping (attn_logit_softcapping={softcap}) is not implemented by elastic "
-            "attention's backends (reference, cpu, flex, fa4); the model's own attention needs it"
-        )
     layer_kinds(model)
     return model_type, FAMILIES[model_type]
 

@@ -26,15 +26,17 @@ class HybridAttention:
     Args:
         config: the attached configuration (modes, pattern sizes).
         backend: computes attention from block tables.
+        softcap: the model's attention-logit soft-cap (Gemma 2), None for none.
 
     Attributes:
         sparsity: layer index -> [N] float32 ESR of that layer in the last prefill (mean over query heads of
             1 - attended causal pairs / causal pairs).
     """
 
-    def __init__(self, config: ElasticConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ElasticConfig, backend: AttentionBackend, softcap: float | None = None) -> None:
         self.config = config
         self.backend = backend
+        self.softcap = softcap
         self.sparsity: dict[int, torch.Tensor] = {}
         self._builder: BlockTableBuilder | None = None
         self._causal_pairs: tuple[SequenceLayout, torch.Tensor] | None = None
@@ -71,8 +73,8 @@ class HybridAttention:
         group = query.shape[1] // key.shape[1]
         retrieval_heads = (chosen == retrieval).repeat_interleave(group, dim=1).to(pairs_retrieval.device)
         self._record_sparsity(layout, layer_index, torch.where(retrieval_heads, pairs_retrieval, pairs_sparse))
-        out_retrieval = self.backend.attend(query, key, value, layout, tables_retrieval, scale)
-        out_sparse = self.backend.attend(query, key, value, layout, tables_sparse, scale)
+        out_retrieval = self.backend.attend(query, key, value, layout, tables_retrieval, scale, self.softcap)
+        out_sparse = self.backend.attend(query, key, value, layout, tables_sparse, scale, self.softcap)
         weight = _per_row_weight(z, query, layout)
         return weight * out_retrieval + (1.0 - weight) * out_sparse
 
@@ -113,6 +115,7 @@ class HybridAttention:
                 sink_tokens=self.config.sink_tokens,
                 local_tokens=self.config.local_tokens,
                 scale=scale,
+                softcap=self.softcap,
             )
             output[row, :, first_row : first_row + count] = attended.flatten(0, 1)
         return output
@@ -127,7 +130,7 @@ class HybridAttention:
     def _attend(self, query, key, value, layout: SequenceLayout, modes, scale, layer_index: int) -> torch.Tensor:
         tables, pairs = self._tables(layout, modes, query, key, scale)
         self._record_sparsity(layout, layer_index, pairs)
-        return self.backend.attend(query, key, value, layout, tables, scale)
+        return self.backend.attend(query, key, value, layout, tables, scale, self.softcap)
 
     def _record_sparsity(self, layout: SequenceLayout, layer_index: int, attended: torch.Tensor) -> None:
         """ESR of a layer per sequence from attended causal pairs per head [N, Hq]."""

@@ -54,8 +54,10 @@ class ElasticRuntime:
         cache_kind: ``"bounded"``: generation (and any eval-mode forward that caches) uses an `ElasticCache`;
             ``"full"``: Hugging Face's own cache, every key of every head kept.
         sliding_window: the model's window (tokens) on its sliding-window layers, None when it has none.
-        sliding_layers: indices of those layers: they run the model's own attention (SDPA with the model's mask)
-            and keep the model's own cache entries.
+        sliding_layers: indices of those layers: they run the model's own attention (with the model's mask) and
+            keep the model's own cache entries.
+        softcap: the model's attention-logit soft-cap (Gemma 2's ``attn_logit_softcapping``), None for none; every
+            attention path applies it.
 
     Per-forward facts travel as keyword arguments of the model's forward (the decoder's pre-hook takes them out):
 
@@ -78,6 +80,7 @@ class ElasticRuntime:
         cache_kind: str = "bounded",
         sliding_window: int | None = None,
         sliding_layers: frozenset[int] = frozenset(),
+        softcap: float | None = None,
     ) -> None:
         self.config = config
         self.num_layers = num_layers
@@ -88,7 +91,8 @@ class ElasticRuntime:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.routing = ModelRouting(config, routers, num_kv_heads)
-        self.hybrid = HybridAttention(config, backend)
+        self.softcap = softcap
+        self.hybrid = HybridAttention(config, backend, softcap)
         #: The `ElasticCache` of the running forward (None without one).
         self.cache = None
         #: The sequences of the running forward.
