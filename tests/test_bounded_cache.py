@@ -44,8 +44,9 @@ def test_token_rule_mask_equals_a_per_element_rule():
                 assert bool(mask[h, i, j]) == visible, (h, q, k)
 
 
-@pytest.mark.parametrize("softcap, queries", [(None, 5), (1.5, 5), (1.5, 1)])
-def test_token_attention_matches_float64_softmax_in_any_slot_order(softcap, queries):
+@pytest.mark.parametrize("softcap, sinks, queries", [(None, False, 5), (1.5, False, 5), (1.5, True, 1),
+                                                     (None, True, 5)])
+def test_token_attention_matches_float64_softmax_in_any_slot_order(softcap, sinks, queries):
     torch.manual_seed(0)
     query = torch.randn(3, 2, queries, 16, dtype=torch.float64) * 3
     key, value = torch.randn(2, 3, 29, 16, dtype=torch.float64)
@@ -53,8 +54,9 @@ def test_token_attention_matches_float64_softmax_in_any_slot_order(softcap, quer
     positions[3] = -1
     query_positions = torch.arange(29 - queries, 29)
     streaming = torch.tensor([False, True, True])
+    sink_logits = torch.randn(3, 2, dtype=torch.float64) + 2.0 if sinks else None
     actual = token_attention(query, key, value, query_positions, positions, streaming, sink_tokens=4,
-                             local_tokens=8, scale=0.25, softcap=softcap)
+                             local_tokens=8, scale=0.25, softcap=softcap, sinks=sink_logits)
     for h in range(3):
         for i, q in enumerate(query_positions.tolist()):
             keep = [j for j, k in enumerate(positions.tolist())
@@ -62,7 +64,11 @@ def test_token_attention_matches_float64_softmax_in_any_slot_order(softcap, quer
             scores = query[h, :, i] @ key[h, keep].T * 0.25
             if softcap is not None:
                 scores = softcap * torch.tanh(scores / softcap)
-            torch.testing.assert_close(actual[h, :, i], torch.softmax(scores, dim=-1) @ value[h, keep])
+            weights = scores.exp()
+            denominator = weights.sum(-1, keepdim=True)
+            if sinks:
+                denominator = denominator + sink_logits[h].exp()[:, None]
+            torch.testing.assert_close(actual[h, :, i], (weights / denominator) @ value[h, keep])
 
 
 @pytest.mark.parametrize("family, width", [("llama", 40), ("qwen3", 40), ("llama", 12)])

@@ -11,10 +11,10 @@ from elastic_attention.patterns import FULL, MODE_CODES, SequenceLayout, build_b
 BACKEND = FlexBackend()
 
 
-def run_both(query, key, value, layout, modes, config, scale=0.125, softcap=None):
+def run_both(query, key, value, layout, modes, config, scale=0.125, softcap=None, sinks=None):
     tables = build_block_tables(layout, modes, config, query.shape[1], query=query, key=key, scale=scale)
-    expected = ReferenceBackend().attend(query, key, value, layout, tables, scale, softcap)
-    actual = BACKEND.attend(query, key, value, layout, tables, scale, softcap)
+    expected = ReferenceBackend().attend(query, key, value, layout, tables, scale, softcap, sinks)
+    actual = BACKEND.attend(query, key, value, layout, tables, scale, softcap, sinks)
     return actual, expected
 
 
@@ -51,8 +51,18 @@ def test_soft_capped_padded_prefill_matches_the_reference(group):
     modes = torch.tensor([[FULL, 1], [1, 1]])
     actual, expected = run_both(query, key, value, layout, modes, config, softcap=1.5)
     torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
-    uncapped = run_both(query, key, value, layout, modes, config)[1]
-    assert (expected - uncapped).abs().max() > 0.05
+    plain = run_both(query, key, value, layout, modes, config)[1]
+    assert (expected - plain).abs().max() > 0.05
+
+
+def test_sinks_on_a_cpu_are_refused_with_the_backend_that_has_them():
+    from elastic_attention import BackendUnavailableError
+
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=32)
+    query, key, value = torch.randn(3, 1, 2, 40, 32)
+    with pytest.raises(BackendUnavailableError, match="CUDA GPUs only .*backend='reference'"):
+        run_both(query, key, value, SequenceLayout.dense(1, 40), torch.tensor([[FULL, 1]]), config,
+                 sinks=torch.zeros(2))
 
 
 def test_packed_sequences_and_a_decode_step_match_the_reference():

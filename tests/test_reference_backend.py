@@ -38,7 +38,7 @@ def test_hybrid_prefill_matches_float64(group, head_dim, length):
 
 @pytest.mark.parametrize("group", [1, 4])
 @pytest.mark.parametrize("length", [37, 130])
-def test_soft_capped_prefill_matches_float64(group, length):
+def test_soft_capped_and_sink_prefill_matches_float64(group, length):
     torch.manual_seed(length + group)
     kv_heads, heads, head_dim = 2, 2 * group, 32
     config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=32)
@@ -56,6 +56,14 @@ def test_soft_capped_prefill_matches_float64(group, length):
     torch.testing.assert_close(output[0].double(), expected, **tolerance(torch.float32))
     uncapped = masked_attention_float64(query[0], key[0], value[0], masks, scale)
     assert (expected - uncapped).abs().max() > 0.05
+
+    sinks = torch.randn(heads) + 2.0
+    output = ReferenceBackend().attend(query, key, value, layout, tables, scale, sinks=sinks)
+    weights = (query[0].double() @ key[0].double().repeat_interleave(group, 0).transpose(1, 2) * scale)
+    weights = weights.masked_fill(~masks, float("-inf")).exp()
+    weights = weights / (weights.sum(-1, keepdim=True) + sinks.double().exp()[:, None, None])
+    expected = weights @ value[0].double().repeat_interleave(group, 0)
+    torch.testing.assert_close(output[0].double(), expected, **tolerance(torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -19,7 +19,7 @@ from elastic_attention import ConfigError, ElasticConfig, UnsupportedModelError
 CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4, pool_first=6, pool_last=6)
 WINDOW = 24
 MIXED = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
-FAMILIES = ("qwen2", "gemma2", "gemma2_softcap", "gemma3_text", "cohere2")
+FAMILIES = ("qwen2", "gemma2", "gemma2_softcap", "gemma3_text", "cohere2", "gpt_oss")
 #: Gemma 2's soft-cap in the tests, with the query and key projections scaled up so that it binds.
 SOFTCAP = 2.0
 
@@ -33,6 +33,8 @@ def tiny_mixed(family: str, seed: int = 0):
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
+        GptOssConfig,
+        GptOssForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
     )
@@ -56,6 +58,13 @@ def tiny_mixed(family: str, seed: int = 0):
         return model
     if family == "gemma3_text":
         return Gemma3ForCausalLM(Gemma3TextConfig(**common, layer_types=MIXED)).eval()
+    if family == "gpt_oss":
+        model = GptOssForCausalLM(GptOssConfig(**common, layer_types=MIXED, num_local_experts=2,
+                                               num_experts_per_tok=1)).eval()
+        with torch.no_grad():  # sinks large enough to take a visible share of every softmax
+            for layer in model.model.layers:
+                layer.self_attn.sinks.copy_(torch.randn(4) + 3.0)
+        return model
     return Cohere2ForCausalLM(Cohere2Config(**common, layer_types=MIXED)).eval()
 
 
@@ -67,21 +76,27 @@ def prompt(batch: int = 2, width: int = 60, seed: int = 0):
 
 
 def oracle_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Unpadded prompts only: sliding layers attend keys (q - WINDOW, q]; full layers SSA at block level."""
+    """Unpadded prompts only: sliding layers attend keys (q - WINDOW, q]; full layers SSA at block level; with the
+    model's soft-cap (Gemma 2) and sinks (gpt-oss) in float64."""
     length = key.shape[2]
     positions = torch.arange(length)
     if module.config.layer_types[module.layer_idx] == "sliding_attention":
         allowed = (positions[None, :] <= positions[:, None]) & (positions[None, :] > positions[:, None] - WINDOW)
     else:
         allowed = token_mask(length, 8, "ssa", sink_blocks=1, local_blocks=2)
-    softcap = kwargs.get("softcap")
-    if softcap is None:
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
+    if softcap is None and sinks is None:
         output = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=True)
-    else:  # Gemma 2: c * tanh(scores / c), in float64
+    else:
         group = query.shape[1] // key.shape[1]
         scores = query.double() @ key.double().repeat_interleave(group, dim=1).transpose(2, 3) * scaling
-        scores = (softcap * torch.tanh(scores / softcap)).masked_fill(~allowed, float("-inf"))
-        output = (torch.softmax(scores, dim=-1) @ value.double().repeat_interleave(group, dim=1)).to(query.dtype)
+        if softcap is not None:  # Gemma 2: c * tanh(scores / c)
+            scores = softcap * torch.tanh(scores / softcap)
+        weights = scores.masked_fill(~allowed, float("-inf")).exp()
+        denominator = weights.sum(-1, keepdim=True)
+        if sinks is not None:  # gpt-oss: e^sink joins the denominator
+            denominator = denominator + sinks.double().exp()[None, :, None, None]
+        output = ((weights / denominator) @ value.double().repeat_interleave(group, dim=1)).to(query.dtype)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -126,7 +141,7 @@ def test_forced_sparse_on_the_full_layers_equals_masked_sdpa(family):
     with torch.no_grad():
         expected = model(ids, use_cache=False).logits
     model.set_attn_implementation(previous)
-    ea.attach(model, CONFIG, backend="reference" if family == "gemma2_softcap" else "cpu")
+    ea.attach(model, CONFIG, backend="reference" if family in ("gemma2_softcap", "gpt_oss") else "cpu")
     ea.force_routing(model, "sparse")
     with torch.no_grad():
         logits = model(ids, use_cache=False).logits
@@ -134,7 +149,7 @@ def test_forced_sparse_on_the_full_layers_equals_masked_sdpa(family):
     assert ea.routing_report(model).msr.tolist() == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "qwen2", "gemma2_softcap"])
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen2", "gemma2_softcap", "gpt_oss"])
 def test_generation_and_padding_match_each_sample_alone(family):
     model = tiny_mixed(family)
     ea.attach(model, CONFIG, backend="reference")
@@ -155,7 +170,7 @@ def test_generation_and_padding_match_each_sample_alone(family):
         assert torch.equal(batched[0], alone[0][0]) and torch.equal(batched[1, 9:], alone[1][0])
 
 
-def test_sliding_layers_cannot_be_routed_and_unsupported_features_are_named():
+def test_sliding_layers_cannot_be_routed_and_a_window_everywhere_is_refused():
     from transformers import MistralConfig, MistralForCausalLM
 
     with pytest.raises(ConfigError, match="sliding-window layers \\[0\\]"):
@@ -166,13 +181,6 @@ def test_sliding_layers_cannot_be_routed_and_unsupported_features_are_named():
                                                   sliding_window=16))
     with pytest.raises(UnsupportedModelError, match="sliding window on every layer .*sliding_window=None"):
         ea.attach(everywhere, CONFIG)
-    from transformers import GptOssConfig, GptOssForCausalLM
-
-    sinks = GptOssForCausalLM(GptOssConfig(vocab_size=50, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                           num_local_experts=2, num_experts_per_tok=1))
-    with pytest.raises(UnsupportedModelError, match="learned attention sinks"):
-        ea.attach(sinks, CONFIG)
 
 
 def test_the_soft_cap_binds_and_a_backend_without_it_is_refused_by_name():
@@ -190,7 +198,7 @@ def test_the_soft_cap_binds_and_a_backend_without_it_is_refused_by_name():
         for layer in model.model.layers:
             layer.self_attn.attn_logit_softcapping = SOFTCAP
     assert (capped - uncapped).abs().max() > 0.1  # the test models' scores reach the cap
-    with pytest.raises(BackendUnavailableError, match="backend 'cpu' does not soft-cap .*use 'reference' or 'flex'"):
+    with pytest.raises(BackendUnavailableError, match="backend .cpu. lacks logit soft-capping .*'reference' or 'flex'"):
         ea.attach(model, CONFIG, backend="cpu")
     assert not ea.integration.is_attached(model)
     ea.attach(model, CONFIG)  # auto on a CPU: reference, which soft-caps
@@ -198,6 +206,20 @@ def test_the_soft_cap_binds_and_a_backend_without_it_is_refused_by_name():
     ea.force_routing(model, "full")
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, capped, atol=2e-5, rtol=1e-4)
+
+
+def test_the_sinks_take_a_share_of_every_softmax():
+    model = tiny_mixed("gpt_oss")
+    ids = torch.randint(1, 97, (1, 40), generator=torch.Generator().manual_seed(4))
+    ea.attach(model, CONFIG)  # auto on a CPU: reference, which has sinks
+    assert ea.integration.runtime_of(model).backend.name == "reference"
+    ea.force_routing(model, "full")
+    with torch.no_grad():
+        with_sinks = model(ids).logits
+        for layer in model.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)
+        without = model(ids).logits
+    assert (with_sinks - without).abs().max() > 0.1
 
 
 def test_an_adapter_of_a_mixed_model_routes_the_same_layers_again(tmp_path):

@@ -17,8 +17,9 @@ class AttentionBackend(Protocol):
     """
 
     name: str
-    #: Whether ``attend`` implements a logit soft-cap.
+    #: Whether ``attend`` implements a logit soft-cap, and learned attention sinks.
     supports_softcap: bool
+    supports_sinks: bool
 
     def attend(
         self,
@@ -29,6 +30,7 @@ class AttentionBackend(Protocol):
         tables: BlockTables,
         scale: float,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hybrid attention.
 
@@ -42,6 +44,9 @@ class AttentionBackend(Protocol):
             softcap: None, or the logit soft-cap c (Gemma 2): scores become c * tanh(scale q.k / c) before the
                 mask and the softmax. A backend whose ``supports_softcap`` is False raises
                 `BackendUnavailableError` when given one.
+            sinks: None, or [Hq] learned attention-sink logits (gpt-oss): one more logit per query head in every
+                softmax's denominator, with no value (so a row's weights sum to less than 1). Refused likewise by a
+                backend whose ``supports_sinks`` is False.
 
         Returns:
             [B, Hq, S_q, D] in the dtype of ``query``; rows that belong to no sequence (padding) are zero.

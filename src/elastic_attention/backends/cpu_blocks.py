@@ -27,6 +27,7 @@ class CPUBlockBackend:
 
     name = "cpu"
     supports_softcap = False
+    supports_sinks = False
 
     def attend(
         self,
@@ -37,11 +38,12 @@ class CPUBlockBackend:
         tables: BlockTables,
         scale: float,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if softcap is not None:
+        if softcap is not None or sinks is not None:
             raise BackendUnavailableError(
-                "the cpu backend's SDPA kernels do not soft-cap attention logits; attach with backend='reference' "
-                "(or 'flex') for a model with attn_logit_softcapping"
+                "the cpu backend's SDPA kernels have no logit soft-cap and no attention sinks; attach with "
+                "backend='reference' (or 'flex') for a model that uses them"
             )
         output = torch.zeros_like(query)
         group = query.shape[1] // key.shape[1]

@@ -5,8 +5,8 @@ the kernel masks the diagonal block at token level, so FA, SSA and XA heads of a
 function. Sequences are aligned to the start of their own batch row first (a no-op for an unpadded or right-padded
 prefill batch).
 
-Forward only, prefill only, bf16/fp16, block size 64 or 128, no logit soft-cap: other calls (decode steps, chunked
-prefill, inputs that need gradients, float32, other block sizes, soft-capped logits) go to the fallback backend
+Forward only, prefill only, bf16/fp16, block size 64 or 128, no logit soft-cap or sinks: other calls (decode steps, chunked
+prefill, inputs that need gradients, float32, other block sizes, soft-capped logits, sinks) go to the fallback backend
 (``flex``), which computes the same attention; each reason is logged once.
 """
 
@@ -43,8 +43,9 @@ class FA4Backend:
     """Hybrid prefill through flash-attn-4's block-sparse forward kernel."""
 
     name = "fa4"
-    #: Through the fallback backend (flex), which soft-caps.
+    #: Through the fallback backend (flex).
     supports_softcap = True
+    supports_sinks = True
 
     def __init__(self, fallback=None) -> None:
         available, reason = fa4_available()
@@ -99,15 +100,16 @@ class FA4Backend:
         tables: BlockTables,
         scale: float,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         reason = self.unhandled_reason(query, key, value, layout, tables)
-        if reason is None and softcap is not None:
-            reason = "soft-capped logits (not wired to the kernel here)"
+        if reason is None and (softcap is not None or sinks is not None):
+            reason = "soft-capped logits and attention sinks (not wired to the kernel here)"
         if reason is not None:
             if reason not in self._fallback_reasons_logged:
                 logger.info("elastic-attention: fa4 hands %s to %r", reason, self.fallback.name)
                 self._fallback_reasons_logged.add(reason)
-            return self.fallback.attend(query, key, value, layout, tables, scale, softcap)
+            return self.fallback.attend(query, key, value, layout, tables, scale, softcap, sinks)
         size = tables.block_size
         aligned = AlignedSequences.gather(query, key, value, layout, size)
         num_query_blocks = -(-aligned.query.shape[2] // size)

@@ -2,7 +2,7 @@
 
 Per sequence, it expands the block tables of a chunk of query blocks to a token mask (chunk x keys, never S x S for
 long inputs), adds causality, and runs masked softmax attention in float32 (float64 for float64 inputs) through
-torch's scaled_dot_product_attention (explicit scores when the logits are soft-capped). Heads that share a block pattern (every head of a mode, for FA and SSA) share
+torch's scaled_dot_product_attention (explicit scores for soft-capped logits and attention sinks). Heads that share a block pattern (every head of a mode, for FA and SSA) share
 one token mask.
 """
 
@@ -22,6 +22,7 @@ class ReferenceBackend:
 
     name = "reference"
     supports_softcap = True
+    supports_sinks = True
 
     def attend(
         self,
@@ -32,6 +33,7 @@ class ReferenceBackend:
         tables: BlockTables,
         scale: float,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         num_query_heads = query.shape[1]
         compute_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
@@ -60,21 +62,30 @@ class ReferenceBackend:
                 physical = slice(first_row + lo - first_position, first_row + hi - first_position)
                 queries = query[row, :, physical].to(compute_dtype)
                 mask = allowed[head_pattern]
-                if softcap is None:
+                if softcap is None and sinks is None:
                     attended = F.scaled_dot_product_attention(
                         queries[None], keys[None], values[None], attn_mask=mask[None], scale=scale, enable_gqa=True,
                     )[0]
                 else:
-                    attended = _softcapped_attention(queries, keys, values, mask, scale, softcap)
+                    attended = _explicit_attention(queries, keys, values, mask, scale, softcap, sinks)
                 output[row, :, physical] = attended.to(query.dtype)
         return output
 
 
-def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
-                          scale: float, softcap: float) -> torch.Tensor:
-    """Masked softmax attention with soft-capped logits: query [Hq, q, D], key/value [Hkv, k, D], allowed [Hq, q, k]
-    -> [Hq, q, D]."""
+def _explicit_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+                        scale: float, softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Masked softmax attention from explicit scores, with a logit soft-cap and attention sinks where given.
+
+    query [Hq, q, D], key/value [Hkv, k, D], allowed [Hq, q, k], sinks [Hq] -> [Hq, q, D].
+    """
     group = query.shape[0] // key.shape[0]
     scores = torch.einsum("hqd,hkd->hqk", query, key.repeat_interleave(group, dim=0)) * scale
-    scores = (softcap * torch.tanh(scores / softcap)).masked_fill(~allowed, float("-inf"))
-    return torch.einsum("hqk,hkd->hqd", torch.softmax(scores, dim=-1), value.repeat_interleave(group, dim=0))
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:  # one more logit per head, with no value
+        column = sinks.to(scores.dtype)[:, None, None].expand(-1, scores.shape[1], 1)
+        weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = torch.softmax(scores, dim=-1)
+    return torch.einsum("hqk,hkd->hqd", weights, value.repeat_interleave(group, dim=0))

@@ -208,11 +208,13 @@ class ElasticCacheLayer(CacheLayerMixin):
 
     # -- elastic attention ---------------------------------------------------------------------------------------
 
-    def attend(self, query: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(self, query: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of a step that continues the cached past, by the token rule; then commits the step.
 
         Args:
             query: [B, Hq, S_new, D].
+            scale: softmax scale.
+            sinks: [Hq] attention-sink logits of the layer (models with sinks), else None.
 
         Returns:
             [B, Hq, S_new, D]; rows that belong to no sequence are zero.
@@ -230,8 +232,9 @@ class ElasticCacheLayer(CacheLayerMixin):
                     continue
                 queries = query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
                 result = output[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
-                if self.cache.softcap is not None:
-                    self._attend_softcapped(store, staged, queries, result, scale)
+                if self.cache.softcap is not None or sinks is not None:
+                    self._attend_explicit(store, staged, queries, result, scale,
+                                          None if sinks is None else sinks.view(num_kv, group))
                 elif count == 1:
                     self._attend_one(store, staged, queries, result, scale)
                     self._staged[index] = None
@@ -280,13 +283,15 @@ class ElasticCacheLayer(CacheLayerMixin):
             sink_tokens=sink, local_tokens=local, scale=scale,
         )
 
-    def _attend_softcapped(self, store: SequenceStore, staged: StagedEntries, queries: torch.Tensor,
-                           result: torch.Tensor, scale: float) -> None:
-        """New queries of one sequence when the model soft-caps its attention logits: every head through
-        `token_attention` (the fused kernels have no soft-cap), ring heads over the ring and the staged entries.
+    def _attend_explicit(self, store: SequenceStore, staged: StagedEntries, queries: torch.Tensor,
+                         result: torch.Tensor, scale: float, sinks: torch.Tensor | None) -> None:
+        """New queries of one sequence when the model soft-caps its attention logits or has attention sinks: every
+        head through `token_attention` (the fused kernels have neither), ring heads over the ring and the staged
+        entries.
 
         Args:
             queries, result: [Hkv, g, n, D] views of the step's queries and of the output rows.
+            sinks: [Hkv, g] sink logits, or None.
         """
         window = self.cache.window
         length, count = store.length, queries.shape[2]
@@ -298,6 +303,7 @@ class ElasticCacheLayer(CacheLayerMixin):
             result[heads] = token_attention(
                 queries[heads], store.full_keys[:, :length], store.full_values[:, :length], query_positions,
                 torch.arange(length, device=queries.device), torch.zeros_like(heads, dtype=torch.bool), **rule,
+                sinks=None if sinks is None else sinks[heads],
             )
         if store.ring_heads.numel():
             heads = store.ring_heads
@@ -305,6 +311,7 @@ class ElasticCacheLayer(CacheLayerMixin):
                 queries[heads], torch.cat([store.ring_keys, staged.keys], dim=1),
                 torch.cat([store.ring_values, staged.values], dim=1), query_positions,
                 torch.cat([store.ring_positions, query_positions]), torch.ones_like(heads, dtype=torch.bool), **rule,
+                sinks=None if sinks is None else sinks[heads],
             )
 
     def _attend_one(self, store: SequenceStore, staged: StagedEntries, queries: torch.Tensor, result: torch.Tensor,
@@ -515,9 +522,11 @@ class ElasticCache(Cache):
         self.layout: SequenceLayout | None = None
         self._streaming: dict[int, torch.Tensor] = {}
         self.max_length = max_length
-        #: The model's attention-logit soft-cap (None: none); soft-capped steps run in torch, never fused.
+        #: The model's attention-logit soft-cap (None: none) and whether it has attention sinks: such steps run in
+        #: torch (`token_attention`), never fused.
         self.softcap: float | None = runtime.softcap
-        self.fused_decode = fused_decode and self.softcap is None
+        self.has_sinks: bool = runtime.has_sinks
+        self.fused_decode = fused_decode and self.softcap is None and not self.has_sinks
         # A model's sliding-window layers keep their own attention, so they keep transformers' own window cache.
         super().__init__(layers=[
             DynamicSlidingWindowLayer(sliding_window=runtime.sliding_window) if index in runtime.sliding_layers

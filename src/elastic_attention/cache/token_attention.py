@@ -3,7 +3,7 @@
 The attention of steps that continue a cached past: over the keys of a full cache, or over the entries a bounded
 cache kept (whose slots need not be in position order). `token_attention` is the general form in plain torch: a
 single query in half precision (a decode step) goes through torch's fused SDPA with a boolean mask, in its own dtype,
-unless the logits are soft-capped; everything else is computed in float32 (float64 for float64 inputs), queries in chunks so that no more than a
+unless the logits are soft-capped or the model has attention sinks; everything else is computed in float32 (float64 for float64 inputs), queries in chunks so that no more than a
 bounded number of scores exists at once.
 
 A prompt chunk over keys stored in position order has two fused forms, both torch SDPA in the inputs' dtype (flash
@@ -68,6 +68,7 @@ def token_attention(
     local_tokens: int,
     scale: float,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked softmax attention of grouped queries.
 
@@ -80,13 +81,15 @@ def token_attention(
         sink_tokens, local_tokens: the SSA sizes in tokens.
         scale: softmax scale.
         softcap: None, or the logit soft-cap c (Gemma 2): scores become c * tanh(scores / c) before the mask.
+        sinks: None, or [H, g] attention-sink logits (gpt-oss): one more logit per query head in the softmax's
+            denominator, with no value.
 
     Returns:
         [H, g, q, D] in the dtype of ``query``. A query with no visible key (impossible under the rule, whose own
         position is always kept) would get zeros.
     """
     heads, group, num_queries, _ = query.shape
-    if num_queries == 1 and query.dtype in (torch.float16, torch.bfloat16) and softcap is None:
+    if num_queries == 1 and query.dtype in (torch.float16, torch.bfloat16) and softcap is None and sinks is None:
         allowed = token_rule_mask(query_positions, key_positions, streaming, sink_tokens, local_tokens)[:, 0]
         with single_query_kernels():
             attended = attend_single_query(query, key, value, scale, allowed)
@@ -102,7 +105,11 @@ def token_attention(
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
         scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        if sinks is not None:
+            column = sinks.to(compute)[:, :, None, None].expand(-1, -1, scores.shape[2], 1)
+            weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+        else:
+            weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
         output[:, :, rows] = torch.einsum("hgqs,hsd->hgqd", weights, values)
     return output.to(query.dtype)
 

@@ -93,7 +93,7 @@ def attach(
     if not model._can_set_attn_implementation():
         raise UnsupportedModelError(f"{type(model).__name__} does not dispatch attention through AttentionInterface")
     softcap = getattr(model.config, "attn_logit_softcapping", None)
-    attention_backend = _backend_for(backend, softcap)
+    attention_backend = _backend_for(backend, softcap, family.attention_sinks)
 
     head_dim = modules[0].head_dim
     num_kv_heads = model.config.num_key_value_heads
@@ -112,7 +112,7 @@ def attach(
         config, family, attention_backend, routers, num_kv_heads, head_dim, num_layers=len(modules), cache_kind=cache,
         sliding_window=getattr(model.config, "sliding_window", None) if "sliding" in kinds else None,
         sliding_layers=frozenset(index for index, kind in enumerate(kinds) if kind == "sliding"),
-        softcap=softcap,
+        softcap=softcap, has_sinks=family.attention_sinks,
     )
     runtime.previous_implementation = model.config._attn_implementation
     runtime.requires_grad_before = frozen
@@ -131,20 +131,24 @@ def attach(
     return model
 
 
-def _backend_for(name: str, softcap: float | None):
-    """The backend ``name`` resolves to, for a model that soft-caps its attention logits when ``softcap`` is set:
-    ``"auto"`` then skips a backend without soft-capping (the ``cpu`` one) for ``reference``; a backend asked for by
-    name that lacks it is refused."""
+def _backend_for(name: str, softcap: float | None, sinks: bool):
+    """The backend ``name`` resolves to, for a model that soft-caps its attention logits (``softcap`` set) or has
+    attention sinks: ``"auto"`` then skips a backend without them (the ``cpu`` one) for ``reference``; a backend
+    asked for by name that lacks them is refused."""
     backend = get_backend(name)
-    if softcap is None or backend.supports_softcap:
+    needs = [feature for feature, used, supported in (
+        (f"logit soft-capping (attn_logit_softcapping={softcap})", softcap is not None, backend.supports_softcap),
+        ("attention sinks", sinks, backend.supports_sinks),
+    ) if used and not supported]
+    if not needs:
         return backend
     if name != "auto":
         raise BackendUnavailableError(
-            f"backend {name!r} does not soft-cap attention logits, which this model does (attn_logit_softcapping="
-            f"{softcap}); use 'reference' or 'flex' (or 'fa4', which hands soft-capped calls to flex)"
+            f"backend {name!r} lacks {' and '.join(needs)}, which this model uses; use 'reference' or 'flex' (or "
+            "'fa4', which hands such calls to flex)"
         )
-    logger.info("elastic-attention: backend 'auto' takes 'reference' instead of %r, which does not soft-cap "
-                "attention logits (attn_logit_softcapping=%s)", backend.name, softcap)
+    logger.info("elastic-attention: backend 'auto' takes 'reference' instead of %r, which lacks %s",
+                backend.name, " and ".join(needs))
     return get_backend("reference")
 
 

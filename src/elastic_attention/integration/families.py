@@ -25,12 +25,14 @@ class FamilySpec:
         key_source: attribute of the attention module whose output is the pre-RoPE key states.
         key_layout: the key source's output: ``"flat"`` [B, S, Hkv * D], ``"tokens_heads"`` [B, S, Hkv, D] or
             ``"heads_tokens"`` [B, Hkv, S, D].
+        attention_sinks: the attention modules pass learned per-head sink logits (``s_aux``) with every call.
     """
 
     layers: str = "layers"
     attention: str = "self_attn"
     key_source: str = "k_proj"
     key_layout: str = "flat"
+    attention_sinks: bool = False
 
 
 #: model_type -> family. Qwen3 and Gemma 3 normalize keys per head (k_norm) before RoPE; the router reads the
@@ -43,12 +45,11 @@ FAMILIES: dict[str, FamilySpec] = {
     "gemma2": FamilySpec(),
     "gemma3_text": FamilySpec(key_source="k_norm", key_layout="heads_tokens"),
     "cohere2": FamilySpec(),
+    "gpt_oss": FamilySpec(attention_sinks=True),
 }
 
-#: model_type -> the attention feature of the family that no backend here implements.
-UNSUPPORTED_FEATURES = {
-    "gpt_oss": "learned attention sinks (per-head logits added to every softmax)",
-}
+#: model_type -> the attention feature of the family that no backend here implements (none at present).
+UNSUPPORTED_FEATURES: dict[str, str] = {}
 
 #: The model's layer types, as this package names them.
 _LAYER_KINDS = {"full_attention": "full", "sliding_attention": "sliding"}

@@ -54,27 +54,28 @@ class HybridAttention:
         z: torch.Tensor | None,
         layer_index: int,
         scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of a prefill: query [B, Hq, S, D], key/value [B, Hkv, S, D] -> [B, Hq, S, D].
 
         ``z``: [N, Hkv] decisions of the layer (1.0 = retrieval), or None for a layer without a router (every head
-        full).
+        full). ``sinks``: [Hq] the layer's attention-sink logits (models with sinks), else None.
         """
         if z is None:
             modes = torch.full((layout.num_sequences, key.shape[1]), FULL, dtype=torch.long, device=query.device)
-            return self._attend(query, key, value, layout, modes, scale, layer_index)
+            return self._attend(query, key, value, layout, modes, scale, layer_index, sinks)
         retrieval = MODE_CODES[self.config.retrieval_mode]
         sparse = MODE_CODES[self.config.sparse_mode]
         chosen = torch.where(is_retrieval(z), retrieval, sparse).long()
         if not (z.requires_grad and torch.is_grad_enabled()):
-            return self._attend(query, key, value, layout, chosen, scale, layer_index)
+            return self._attend(query, key, value, layout, chosen, scale, layer_index, sinks)
         tables_retrieval, pairs_retrieval = self._tables(layout, torch.full_like(chosen, retrieval), query, key, scale)
         tables_sparse, pairs_sparse = self._tables(layout, torch.full_like(chosen, sparse), query, key, scale)
         group = query.shape[1] // key.shape[1]
         retrieval_heads = (chosen == retrieval).repeat_interleave(group, dim=1).to(pairs_retrieval.device)
         self._record_sparsity(layout, layer_index, torch.where(retrieval_heads, pairs_retrieval, pairs_sparse))
-        out_retrieval = self.backend.attend(query, key, value, layout, tables_retrieval, scale, self.softcap)
-        out_sparse = self.backend.attend(query, key, value, layout, tables_sparse, scale, self.softcap)
+        out_retrieval = self.backend.attend(query, key, value, layout, tables_retrieval, scale, self.softcap, sinks)
+        out_sparse = self.backend.attend(query, key, value, layout, tables_sparse, scale, self.softcap, sinks)
         weight = _per_row_weight(z, query, layout)
         return weight * out_retrieval + (1.0 - weight) * out_sparse
 
@@ -86,6 +87,7 @@ class HybridAttention:
         layout: SequenceLayout,
         streaming_heads: Callable[[int], torch.Tensor],
         scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A step that continues a cached past, over every cached key, by the token rule (`patterns.tokens`).
 
@@ -95,6 +97,7 @@ class HybridAttention:
             layout: the sequences of this forward.
             streaming_heads: sequence index -> [Hkv] bool, the heads that run SSA.
             scale: softmax scale.
+            sinks: [Hq] the layer's attention-sink logits, or None.
 
         Returns:
             [B, Hq, S_q, D].
@@ -116,6 +119,7 @@ class HybridAttention:
                 local_tokens=self.config.local_tokens,
                 scale=scale,
                 softcap=self.softcap,
+                sinks=None if sinks is None else sinks.view(num_kv, group),
             )
             output[row, :, first_row : first_row + count] = attended.flatten(0, 1)
         return output
@@ -127,10 +131,11 @@ class HybridAttention:
             self._builder = BlockTableBuilder(layout, self.config, query.device)
         return self._builder.build(modes, query.shape[1], query=query, key=key, scale=scale)
 
-    def _attend(self, query, key, value, layout: SequenceLayout, modes, scale, layer_index: int) -> torch.Tensor:
+    def _attend(self, query, key, value, layout: SequenceLayout, modes, scale, layer_index: int,
+                sinks: torch.Tensor | None) -> torch.Tensor:
         tables, pairs = self._tables(layout, modes, query, key, scale)
         self._record_sparsity(layout, layer_index, pairs)
-        return self.backend.attend(query, key, value, layout, tables, scale, self.softcap)
+        return self.backend.attend(query, key, value, layout, tables, scale, self.softcap, sinks)
 
     def _record_sparsity(self, layout: SequenceLayout, layer_index: int, attended: torch.Tensor) -> None:
         """ESR of a layer per sequence from attended causal pairs per head [N, Hq]."""

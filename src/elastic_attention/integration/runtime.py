@@ -58,6 +58,8 @@ class ElasticRuntime:
             keep the model's own cache entries.
         softcap: the model's attention-logit soft-cap (Gemma 2's ``attn_logit_softcapping``), None for none; every
             attention path applies it.
+        has_sinks: whether the model's attention layers have learned attention sinks (gpt-oss); each call brings its
+            layer's sink logits.
 
     Per-forward facts travel as keyword arguments of the model's forward (the decoder's pre-hook takes them out):
 
@@ -81,6 +83,7 @@ class ElasticRuntime:
         sliding_window: int | None = None,
         sliding_layers: frozenset[int] = frozenset(),
         softcap: float | None = None,
+        has_sinks: bool = False,
     ) -> None:
         self.config = config
         self.num_layers = num_layers
@@ -92,6 +95,7 @@ class ElasticRuntime:
         self.head_dim = head_dim
         self.routing = ModelRouting(config, routers, num_kv_heads)
         self.softcap = softcap
+        self.has_sinks = has_sinks
         self.hybrid = HybridAttention(config, backend, softcap)
         #: The `ElasticCache` of the running forward (None without one).
         self.cache = None
@@ -247,8 +251,10 @@ class ElasticRuntime:
         key: torch.Tensor,
         value: torch.Tensor,
         scaling: float | None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Hybrid attention of one layer: [B, Hq, S_q, D] in, [B, Hq, S_q, D] out."""
+        """Hybrid attention of one layer: [B, Hq, S_q, D] in, [B, Hq, S_q, D] out (``sinks``: [Hq] the layer's
+        attention-sink logits, for a model with sinks)."""
         # In eval mode only: in training, a checkpointed layer is recomputed on the autograd engine's thread.
         if not module.training and threading.get_ident() != self.forward_thread:
             raise InputError(
@@ -267,12 +273,13 @@ class ElasticRuntime:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         layer_index = module.layer_idx
         if bounded:
-            return self.cache.layers[layer_index].attend(query, scale)
+            return self.cache.layers[layer_index].attend(query, scale, sinks)
         if not layout.is_prefill:
             return self.hybrid.continue_tokens(
-                query, key, value, layout, lambda n: self.routing.streaming_heads(layer_index, n), scale
+                query, key, value, layout, lambda n: self.routing.streaming_heads(layer_index, n), scale, sinks
             )
-        output = self.hybrid.prefill(query, key, value, layout, self.decisions.get(layer_index), layer_index, scale)
+        output = self.hybrid.prefill(query, key, value, layout, self.decisions.get(layer_index), layer_index, scale,
+                                     sinks)
         if self.cache is not None:
             self.cache.layers[layer_index].commit()
         return output
