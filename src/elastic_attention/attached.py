@@ -1,8 +1,8 @@
 """Where `attach` keeps a model's runtime, for the modules that need it without the integration.
 
-The bounded cache reads its routing from the runtime (the decisions per sequence, layer and KV head; the layout of
-the current forward; the sink and window sizes); it finds the runtime here, so the cache never imports the
-integration that drives it.
+The bounded cache finds the runtime here when it is built (window sizes, soft-cap, sinks, sliding layers) and tells
+it when the batch is reordered; its routing is pushed to it (`begin_forward`, `route_layer`). So the cache never
+imports the integration that drives it.
 """
 
 from __future__ import annotations

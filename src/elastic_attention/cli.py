@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="comma list of prompt lengths, e.g. 2k,4k,8k or 3000")
     evaluate.add_argument("--samples", type=positive_int, default=20, help="rows per (task, length)")
     evaluate.add_argument("--static-msr", type=fraction, help="MSR of the static hybrid (default: elastic's average)")
-    evaluate.add_argument("--out", default="eval_out", help="folder for eval.json and accuracy_vs_msr.png")
+    evaluate.add_argument("--out", default="eval_out", help="folder for eval.json, eval.md and accuracy_vs_msr.png")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--batch-size", type=positive_int, default=8)
     evaluate.add_argument("--device", help="cpu or cuda (default: cuda when available)")

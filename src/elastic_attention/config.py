@@ -40,8 +40,9 @@ class ElasticConfig:
             training data before the first step) and adds a learned per-head logit bias. Pooled keys differ far
             more between the heads of a layer than between tasks (about 10x on the shipped tiny backbone), which
             leaves the paper's router deciding per head, not per input; off (the paper's router) by default.
-        routed_layers: indices of the decoder layers that carry a router; ``None`` routes every layer. Layers
-            without a router run full attention.
+        routed_layers: indices of the decoder layers that carry a router; ``None``: every full-attention layer.
+            Unrouted full-attention layers run full attention; a model's sliding-window layers keep its own
+            attention.
     """
 
     configuration: str = "fa-ssa"

@@ -43,7 +43,7 @@ class ElasticAttentionLM(HFLM):
     Args:
         pretrained: a model folder (the authors' layout, or a plain folder with an adapter inside or ``router``).
         router: an adapter folder for a plain model folder.
-        backend: the attention backend (``auto``, ``fa4``, ``flex``, ``reference``).
+        backend: the attention backend (``auto``, ``fa4``, ``flex``, ``cpu``, ``reference``).
         dtype: ``float32`` or ``bfloat16`` (default: bfloat16 on CUDA, float32 on CPU).
         device: ``cpu`` or ``cuda`` (default: cuda when available).
         **kwargs: lm-eval's HFLM options (``batch_size``, ``max_length``, ...).

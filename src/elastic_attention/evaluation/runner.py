@@ -1,4 +1,4 @@
-"""Evaluation runner: exact-match accuracy next to the sparsity that bought it, per mode, task and length.
+"""Evaluation runner: accuracy (each task's score: exact match, or edit similarity for next_line) next to the sparsity that bought it, per mode, task and length.
 
 Modes:
 - ``full``: every routed head on retrieval attention (the backbone's own quality);
@@ -7,7 +7,8 @@ Modes:
   ``static@0.7`` names a static hybrid at a fixed MSR, so several can run side by side;
 - ``sparse``: every routed head on sparse attention.
 All modes run through the same attached model and backend, so they differ only in routing. Rows come from the suite
-that holds each task (:mod:`elastic_attention.evaluation.suites`), which also encodes, decodes and scores them.
+that holds each task (:mod:`elastic_attention.evaluation.suites`), which also decodes and scores them; `rows.encode_row` encodes
+them.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ def run_evaluation(
 
     Args:
         model: a causal LM with elastic attention attached (trained routers for the ``elastic`` mode).
-        tokenizer: the suite tokenizer.
+        tokenizer: the tokenizer the rows are rendered with (the suite's, or the model's own for the code suite).
         modes: `MODES` or ``static@MSR`` (every static mode takes ``static_routing``).
         tasks: task names (of any suite).
         lengths: prompt lengths in tokens.

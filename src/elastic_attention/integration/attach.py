@@ -57,7 +57,8 @@ def attach(
         model: a causal LM (or its base model) of a supported family.
         config: the configuration; defaults to ``ElasticConfig()``.
         backend: attention backend name (``"auto"``, ``"fa4"``, ``"flex"``, ``"cpu"``, ``"reference"``); for a model
-            that soft-caps its attention logits (Gemma 2) ``"auto"`` skips ``"cpu"``, which cannot.
+            that soft-caps its attention logits (Gemma 2) or has attention sinks (gpt-oss) ``"auto"`` skips
+            ``"cpu"``, which has neither.
         cache: ``"bounded"`` (default): `generate` and other eval-mode forwards that cache use an `ElasticCache`,
             where SSA heads keep only their sink and window; ``"full"``: the model's own cache, every key kept.
 
@@ -65,9 +66,12 @@ def attach(
         The same model.
 
     Raises:
-        UnsupportedModelError: the family is not supported, uses sliding windows, or is already attached.
-        ConfigError: ``routed_layers`` names layers the model does not have.
-        BackendUnavailableError: the backend cannot run here, or lacks a feature the model needs (soft-capping).
+        UnsupportedModelError: the family is not supported, applies a sliding window on every layer, or is already
+            attached.
+        ConfigError: ``cache`` is not a known kind, or ``routed_layers`` names layers the model does not have or
+            its sliding-window layers.
+        BackendUnavailableError: the backend cannot run here, or lacks a feature the model needs (soft-capping or
+            attention sinks).
     """
     config = config or ElasticConfig()
     if cache not in ("bounded", "full"):

@@ -1,7 +1,7 @@
 """The pretrained backbone as a Hugging Face model: a Qwen3 config from a shape, the fresh model, its saved folder.
 
 Qwen3 with rope_theta 1e6 (written as ``rope_parameters`` where the config has it, else as ``rope_theta``; checked
-again on the reloaded ``config.json``), tied embeddings, a vocabulary of 1024 (the synthetic suite has about 950
+again on the reloaded ``config.json``), tied embeddings, a vocabulary of 1024 (the synthetic suite has about 915
 words), SDPA attention. The saved folder loads offline with ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained``. ``transformers`` is imported inside the functions that need it.
 """

@@ -54,7 +54,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A router-training run (defaults follow the paper, SPEC section 4).
+    """A router-training run (defaults follow the paper's objective, `docs/method.md`).
 
     Attributes:
         model: folder of the backbone and its tokenizer.

@@ -1,4 +1,4 @@
-"""Router training recipe: setup / train / save_checkpoint / cleanup.
+"""Router training recipe: setup / train / save_checkpoint / finish / cleanup.
 
 One optimizer step consumes ``packs_per_step`` packs (the global batch); each pack is one forward with its samples
 routed and attended separately. The loss of a pack is LM cross-entropy (answer tokens by default) plus the sparsity

@@ -47,7 +47,7 @@ Determinism: sample ``i`` of ``generate(task, length, seed, n)`` is drawn from a
 first 8 bytes of SHA-256 of ``"{task}|{length}|{seed}|{i}"``, and only ``getrandbits`` is used on it, so rows are
 identical across processes, platforms and Python versions.
 
-Modules: ``words`` (the inventory), ``tokenizer`` (the word-level tokenizer and row encoding), ``filler`` (the
+Modules: ``words`` (the inventory), ``tokenizer`` (the word-level tokenizer and rows rendered as text), ``filler`` (the
 grammar), ``context`` (assembly and instructions), ``sensitive`` and ``robust`` (the generators); this package holds
 the registry, generation and scoring.
 """

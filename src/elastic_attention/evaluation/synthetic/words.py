@@ -1,6 +1,6 @@
 """The word inventory of the synthetic task suite: every word it can produce, each one token.
 
-The inventory (about 950 types, padded to a model vocabulary of 1024 by the pretraining recipe,
+The inventory (about 915 types, padded to a model vocabulary of 1024 by the pretraining recipe,
 `elastic_attention.training.backbone`) is:
 
 - special tokens: ``<pad> <unk> <bos> <eos> <system> <user> <assistant>``;
