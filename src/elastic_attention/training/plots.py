@@ -3,7 +3,20 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def write_plot(plot: Callable[[list[dict], Path], Path], history: list[dict], output_dir: Path) -> Path | None:
+    """``plot(history, output_dir)``; without matplotlib, a warning and no plot (None)."""
+    try:
+        return plot(history, output_dir)
+    except ImportError:
+        logger.warning("matplotlib is not installed: no training plot (pip install 'elastic-attention[train]')")
+        return None
 
 
 def plot_training(history: list[dict], output_dir: Path) -> Path:

@@ -40,6 +40,7 @@ from elastic_attention.training.metrics_log import append_metrics, open_tensorbo
 from elastic_attention.training.pretrain_config import PRETRAIN_RESUMABLE, PretrainConfig
 from elastic_attention.training.pretrain_data import StepBatches
 from elastic_attention.training.pretrain_eval import dense_query_accuracy, evaluate_tasks
+from elastic_attention.training.plots import plot_pretraining, write_plot
 from elastic_attention.training.run_folder import MODEL_STAGING, check_resumable, claim_run_folder
 from elastic_attention.training.schedule import cosine_decay, linear_warmup
 
@@ -268,12 +269,7 @@ class PretrainRecipe:
         atomic_write_text(self.output_dir / "summary.json", text)
         atomic_write_text(folder / "train_summary.json", text)
         if self.history:
-            try:
-                from elastic_attention.training.plots import plot_pretraining
-
-                plot_pretraining(self.history, self.output_dir)
-            except ImportError:
-                logger.warning("matplotlib is not installed: no training plot (pip install 'elastic-attention[train]')")
+            write_plot(plot_pretraining, self.history, self.output_dir)
         return summary
 
     def cleanup(self) -> None:

@@ -25,6 +25,7 @@ from elastic_attention.integration.runtime import NOISE_SEED_KWARG, PROMPT_LENGT
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.checkpoint import flatten_optimizer, load_latest, save_checkpoint, unflatten_optimizer
 from elastic_attention.training.train_config import SUITE_SOURCES, TrainConfig
+from elastic_attention.training.plots import plot_training, write_plot
 from elastic_attention.training.distributed import (
     copy_into,
     distributed_rank,
@@ -345,12 +346,7 @@ class RouterTrainer:
         adapter = save_router(self.model, self.output_dir / "router", state)
         summary = {**summary, "adapter": str(adapter), "config": self.config.to_dict()}
         atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
-        try:
-            from elastic_attention.training.plots import plot_training
-
-            plot_training(self.history, self.output_dir)
-        except ImportError:
-            logger.warning("matplotlib is not installed: no training plots (pip install 'elastic-attention[train]')")
+        write_plot(plot_training, self.history, self.output_dir)
         return summary
 
     def cleanup(self) -> None:
