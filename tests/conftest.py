@@ -63,7 +63,7 @@ def tiny_model(family: str, *, layers: int = 2, heads: int = 4, kv_heads: int = 
 
 
 def token_mask(length: int, block_size: int, mode: str, sink_blocks: int = 0, local_blocks: int = 1) -> torch.Tensor:
-    """Brute-force [L, L] bool mask of one head, written token by token from the rule in SPEC section 2."""
+    """Brute-force [L, L] bool mask of one head, written token by token from the block rules (`patterns.block_tables`)."""
     mask = torch.zeros(length, length, dtype=torch.bool)
     for q in range(length):
         for k in range(q + 1):

@@ -20,12 +20,28 @@ def random_states(batch, kv_heads, group, width, head_dim, seed, dtype=torch.flo
     return query.to(dtype), key.to(dtype), value.to(dtype)
 
 
-def compare(query, key, value, layout, modes, config, tolerance=1e-5):
+def compare(query, key, value, layout, modes, config, tolerance=1e-5, window_tokens=None):
     scale = query.shape[-1] ** -0.5
-    tables = build_block_tables(layout, modes, config, query.shape[1], query=query, key=key, scale=scale)
+    tables = build_block_tables(layout, modes, config, query.shape[1], query=query, key=key, scale=scale,
+                                window_tokens=window_tokens)
     expected = ReferenceBackend().attend(query, key, value, layout, tables, scale)
     actual = CPUBlockBackend().attend(query, key, value, layout, tables, scale)
     torch.testing.assert_close(actual.float(), expected.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("configuration", ["fa-ssa", "fa-xa"])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("window", [19, 300])
+def test_a_model_window_on_a_left_padded_batch(configuration, group, window):
+    """Window 19 cuts inside blocks; 300 exceeds the prompts (causal attention is then the fast path again)."""
+    config = ElasticConfig(configuration=configuration, block_size=16, sink_tokens=16, local_tokens=32, xa_stride=4,
+                           xa_threshold=0.8)
+    mask = torch.ones(2, 101, dtype=torch.bool)
+    mask[0, :30] = False
+    query, key, value = random_states(2, 2, group, 101, 64, seed=group + window)
+    retrieval, sparse = MODE_CODES[config.retrieval_mode], MODE_CODES[config.sparse_mode]
+    modes = torch.tensor([[retrieval, sparse], [sparse, retrieval]])
+    compare(query, key, value, SequenceLayout.from_padding_mask(mask), modes, config, window_tokens=window)
 
 
 def test_auto_picks_it_on_a_cpu():

@@ -11,8 +11,9 @@ from elastic_attention.patterns import FULL, MODE_CODES, SequenceLayout, build_b
 BACKEND = FlexBackend()
 
 
-def run_both(query, key, value, layout, modes, config, scale=0.125, softcap=None, sinks=None):
-    tables = build_block_tables(layout, modes, config, query.shape[1], query=query, key=key, scale=scale)
+def run_both(query, key, value, layout, modes, config, scale=0.125, softcap=None, sinks=None, window_tokens=None):
+    tables = build_block_tables(layout, modes, config, query.shape[1], query=query, key=key, scale=scale,
+                                window_tokens=window_tokens)
     expected = ReferenceBackend().attend(query, key, value, layout, tables, scale, softcap, sinks)
     actual = BACKEND.attend(query, key, value, layout, tables, scale, softcap, sinks)
     return actual, expected
@@ -53,6 +54,24 @@ def test_soft_capped_padded_prefill_matches_the_reference(group):
     torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
     plain = run_both(query, key, value, layout, modes, config)[1]
     assert (expected - plain).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("window", [19, 40])
+def test_a_model_window_on_a_padded_batch_and_a_decode_step_matches_the_reference(group, window):
+    torch.manual_seed(group + window)
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=32)
+    mask = torch.ones(2, 93, dtype=torch.bool)
+    mask[1, :23] = False
+    query = torch.randn(2, 2 * group, 93, 32)
+    key, value = torch.randn(2, 2, 2, 93, 32)
+    modes = torch.tensor([[FULL, 1], [1, FULL]])
+    actual, expected = run_both(query, key, value, SequenceLayout.from_padding_mask(mask), modes, config,
+                                window_tokens=window)
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+    decode = SequenceLayout.from_padding_mask(mask, query_len=1)
+    actual, expected = run_both(query[:, :, -1:], key, value, decode, modes, config, window_tokens=window)
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
 
 
 def test_sinks_on_a_cpu_are_refused_with_the_backend_that_has_them():

@@ -7,7 +7,15 @@ from conftest import masked_attention_float64, token_mask
 from elastic_attention import ElasticConfig
 from elastic_attention.backends import ReferenceBackend, get_backend
 from elastic_attention.errors import BackendUnavailableError
-from elastic_attention.patterns import FULL, SSA, XA, SequenceLayout, block_mask_from_tables, build_block_tables
+from elastic_attention.patterns import (
+    FULL,
+    MODE_CODES,
+    SSA,
+    XA,
+    SequenceLayout,
+    block_mask_from_tables,
+    build_block_tables,
+)
 
 
 def tolerance(dtype):
@@ -64,6 +72,40 @@ def test_soft_capped_and_sink_prefill_matches_float64(group, length):
     weights = weights / (weights.sum(-1, keepdim=True) + sinks.double().exp()[:, None, None])
     expected = weights @ value[0].double().repeat_interleave(group, 0)
     torch.testing.assert_close(output[0].double(), expected, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("configuration", ["fa-ssa", "fa-xa"])
+@pytest.mark.parametrize("length", [37, 130])
+def test_a_model_window_composes_with_every_pattern_at_token_level(configuration, length):
+    torch.manual_seed(length)
+    window, group = 21, 2
+    config = ElasticConfig(configuration=configuration, block_size=16, sink_tokens=16, local_tokens=32, xa_stride=4,
+                           xa_threshold=0.5)
+    query = torch.randn(1, 4, length, 32)
+    key, value = torch.randn(2, 1, 2, length, 32)
+    sparse = MODE_CODES[config.sparse_mode]
+    modes = torch.tensor([[sparse, FULL]])
+    layout = SequenceLayout.dense(1, length)
+    tables = build_block_tables(layout, modes, config, 4, query=query, key=key, scale=32**-0.5, window_tokens=window)
+    output = ReferenceBackend().attend(query, key, value, layout, tables, 32**-0.5)
+    positions = torch.arange(length)
+    in_window = positions[None, :] > positions[:, None] - window
+    causal = positions[None, :] <= positions[:, None]
+    if configuration == "fa-ssa":
+        rules = [token_mask(length, 16, "ssa", 1, 2)] * group + [token_mask(length, 16, "full")] * group
+    else:  # XA selects blocks per query head: the oracle takes them from tables built without the window
+        selected = block_mask_from_tables(build_block_tables(layout, modes, config, 4, query=query, key=key,
+                                                             scale=32**-0.5), 0, (length - 1) // 16 + 1)
+        rules = [selected[h][positions // 16][:, positions // 16] & causal for h in range(group)]
+        rules += [token_mask(length, 16, "full")] * group
+    masks = torch.stack([rule & in_window for rule in rules])
+    expected = masked_attention_float64(query[0], key[0], value[0], masks, 32**-0.5)
+    torch.testing.assert_close(output[0].double(), expected, **tolerance(torch.float32))
+    # the tables leave out the key blocks wholly outside the window: every attended block reaches into it
+    rows = torch.arange(tables.kv_block_count.shape[2])
+    attended = torch.arange(tables.kv_block_index.shape[-1]) < tables.kv_block_count[0][..., None]
+    reach = rows[None, :, None] * 16 - (tables.kv_block_index[0].long() * 16 + 15)
+    assert bool((reach[attended] < window).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -69,11 +69,12 @@ class CPUBlockBackend:
                 else:
                     queries = query[span.row, heads, rows_physical][None]  # [1, h, count, D]
                     head_keys, head_values, gqa = _head_states(heads, keys, values, group)
-                if _is_causal(pattern, first_block):
+                window = tables.window_tokens
+                if _is_causal(pattern, first_block) and (window is None or length <= window):
                     attended = _causal(queries, head_keys, head_values, scale, gqa)
                 else:
                     attended = _sparse(queries, head_keys, head_values, pattern, first_block, first_position, size,
-                                       scale, gqa)
+                                       scale, gqa, window)
                 output[span.row, heads, rows_physical] = attended[0]
         return output
 
@@ -105,9 +106,9 @@ def _causal(queries, keys, values, scale: float, gqa: bool) -> torch.Tensor:
 
 
 def _sparse(queries, keys, values, pattern, first_block: int, first_position: int, size: int, scale: float,
-            gqa: bool):
+            gqa: bool, window: int | None = None):
     """A non-causal pattern per chunk of query blocks, over the union of the key blocks each chunk attends
-    ([1, h, count, D] x [1, h_kv, L, D])."""
+    ([1, h, count, D] x [1, h_kv, L, D]); ``window``: the model's sliding window on top, in tokens."""
     length = keys.shape[2]
     output = torch.empty_like(queries)
     rows_per_chunk = max(1, _CHUNK_TOKENS // size)
@@ -122,6 +123,8 @@ def _sparse(queries, keys, values, pattern, first_block: int, first_position: in
         query_positions = torch.arange(lo, hi, device=device)
         allowed = rows[(query_positions // size) - (first_block + chunk)][:, key_positions // size]
         allowed &= key_positions[None, :] <= query_positions[:, None]
+        if window is not None:
+            allowed &= key_positions[None, :] > query_positions[:, None] - window
         local = slice(lo - first_position, hi - first_position)
         attended = F.scaled_dot_product_attention(
             queries[:, :, local], keys[:, :, key_positions], values[:, :, key_positions], attn_mask=allowed,

@@ -5,9 +5,10 @@ the kernel masks the diagonal block at token level, so FA, SSA and XA heads of a
 function. Sequences are aligned to the start of their own batch row first (a no-op for an unpadded or right-padded
 prefill batch).
 
-Forward only, prefill only, bf16/fp16, block size 64 or 128, no logit soft-cap or sinks: other calls (decode steps, chunked
-prefill, inputs that need gradients, float32, other block sizes, soft-capped logits, sinks) go to the fallback backend
-(``flex``), which computes the same attention; each reason is logged once.
+Forward only, prefill only, bf16/fp16, block size 64 or 128, no logit soft-cap, sinks or model window: other calls
+(decode steps, chunked prefill, inputs that need gradients, float32, other block sizes, soft-capped logits, sinks, a
+model window on every layer) go to the fallback backend (``flex``), which computes the same attention; each reason
+is logged once.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class FA4Backend:
             return f"{query.dtype} inputs (the kernel takes bf16 or fp16)"
         if tables.block_size not in SUPPORTED_BLOCK_SIZES:
             return f"block size {tables.block_size} (the kernel takes {SUPPORTED_BLOCK_SIZES})"
+        if tables.window_tokens is not None:
+            return "a model window on every layer (the block tables here pass no token-level window)"
         return None
 
     def attend(

@@ -5,7 +5,8 @@ so the kernel's block grid is the sequences' logical block grid whatever the pad
 from the tables with `BlockMask.from_kv_blocks` (no per-position mask is materialized). Only the diagonal block of
 a query block is cut (causality, and the sequence end, which falls in the last query block's diagonal); every other
 attended block lies wholly before the queries and is passed as a full block, so the kernel evaluates no mask there
-(`split_diagonal`). Query rows past a sequence's end compute over full blocks and are dropped.
+(`split_diagonal`). With a model window on every layer the blocks its edge cuts are partial too
+(`split_window_edges`). Query rows past a sequence's end compute over full blocks and are dropped.
 
 Queries of a sequence must start on a block boundary (prefill) or lie inside one block (a decode step).
 """
@@ -118,18 +119,26 @@ class FlexBackend:
         lengths = torch.tensor(aligned.lengths, device=device)
         query_offsets = torch.tensor(aligned.query_offsets, device=device)
 
+        window = tables.window_tokens
+
         def causal_within_sequence(batch, head, query_index, key_index):
             position = query_index + query_offsets[batch]
             return (key_index <= position) & (position < lengths[batch])
 
+        def causal_within_window(batch, head, query_index, key_index):
+            position = query_index + query_offsets[batch]
+            return (key_index <= position) & (key_index > position - window) & (position < lengths[batch])
+
         padded_queries, padded_keys = aligned.query.shape[2], aligned.key.shape[2]
         counts, index = fit_tables(tables, padded_queries // size, padded_keys // size)
-        partial_counts, partial_index, full_counts, full_index = split_diagonal(
-            counts.to(device), index.to(device), tables.first_query_block.to(device)
-        )
+        if window is None:
+            split = split_diagonal(counts.to(device), index.to(device), tables.first_query_block.to(device))
+        else:
+            split = split_window_edges(counts.to(device), index.to(device), tables.first_query_block.to(device),
+                                       size, window)
         block_mask = BlockMask.from_kv_blocks(
-            partial_counts, partial_index, full_counts, full_index, BLOCK_SIZE=size,
-            mask_mod=causal_within_sequence, seq_lengths=(padded_queries, padded_keys),
+            *split, BLOCK_SIZE=size, mask_mod=causal_within_sequence if window is None else causal_within_window,
+            seq_lengths=(padded_queries, padded_keys),
         )
         options = self._kernel_options
         if options is None:
@@ -180,3 +189,28 @@ def split_diagonal(counts: torch.Tensor, index: torch.Tensor, first_query_block:
     partial_index = torch.zeros_like(index)  # flex wants every index table as wide as the key blocks
     partial_index[..., 0] = torch.where(has_diagonal, last, 0)
     return partial_counts, partial_index, (counts - partial_counts).contiguous(), index
+
+
+def split_window_edges(counts: torch.Tensor, index: torch.Tensor, first_query_block: torch.Tensor, block_size: int,
+                       window_tokens: int):
+    """`split_diagonal` under a model window of ``window_tokens``: a block is full only if it lies before the
+    diagonal and inside the window for every query of its row; the diagonal and the blocks the window's edge cuts
+    are partial (their mask is evaluated).
+
+    Returns:
+        (partial_counts, partial_index, full_counts, full_index), shaped as `split_diagonal`'s, each list in
+        ascending block order.
+    """
+    rows = torch.arange(counts.shape[2], device=counts.device)
+    row_block = (first_query_block.to(counts.device)[:, None, None] + rows[None, None, :])[..., None]
+    blocks = index.long()
+    attended = torch.arange(index.shape[-1], device=index.device) < counts[..., None]
+    last_query = row_block * block_size + block_size - 1
+    partial = attended & ((blocks == row_block) | (last_query - blocks * block_size >= window_tokens))
+    full = attended & ~partial
+
+    def packed(chosen: torch.Tensor):
+        order = torch.argsort((~chosen).to(torch.int8), dim=-1, stable=True)  # chosen entries first, in order
+        return chosen.sum(-1).to(counts.dtype), torch.where(chosen, index, 0).gather(-1, order).contiguous()
+
+    return (*packed(partial), *packed(full))

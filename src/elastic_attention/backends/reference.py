@@ -59,6 +59,8 @@ class ReferenceBackend:
                 token_rows = (query_positions // size) - (first_block + chunk_start)
                 allowed = chunk_rows[:, token_rows][..., key_positions // size]
                 allowed &= key_positions[None, :] <= query_positions[:, None]
+                if tables.window_tokens is not None:
+                    allowed &= key_positions[None, :] > query_positions[:, None] - tables.window_tokens
                 physical = slice(first_row + lo - first_position, first_row + hi - first_position)
                 queries = query[row, :, physical].to(compute_dtype)
                 mask = allowed[head_pattern]

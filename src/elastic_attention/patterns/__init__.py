@@ -14,6 +14,7 @@ from elastic_attention.patterns.block_tables import (
     causal_pairs,
     streaming_block_mask,
     tables_from_block_masks,
+    window_block_mask,
 )
 from elastic_attention.patterns.layout import SequenceLayout, SequenceSpan
 
@@ -33,4 +34,5 @@ __all__ = [
     "causal_pairs",
     "streaming_block_mask",
     "tables_from_block_masks",
+    "window_block_mask",
 ]

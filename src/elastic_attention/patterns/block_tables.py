@@ -5,6 +5,10 @@ This is the one representation of a routed layer that every backend consumes. It
 rule is always causal at token level (key position <= query position).
 
 SSA at block granularity: query block b sees key blocks [0, sink_blocks) and (b - local_blocks, b].
+
+A model that applies a sliding window of W tokens on every layer (``window_tokens``) composes it with every pattern
+at token level: a key at position k is visible to a query at q only if q - k < W. The tables then leave out the
+key blocks wholly outside the window, and carry W so that each backend masks the blocks the window's edge cuts.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class BlockTables(NamedTuple):
         first_query_block: [N] int64, logical block index of row 0 of sequence n (0 at prefill).
         num_rows: [N] int64, rows of sequence n that hold queries of this forward (rows beyond are empty).
         block_size: tokens per block.
+        window_tokens: the model's sliding window W on top of the patterns (keys with q - k < W), None for none.
     """
 
     kv_block_count: torch.Tensor
@@ -40,6 +45,7 @@ class BlockTables(NamedTuple):
     first_query_block: torch.Tensor
     num_rows: torch.Tensor
     block_size: int
+    window_tokens: int | None = None
 
 
 def causal_block_mask(query_blocks: torch.Tensor, num_key_blocks: int) -> torch.Tensor:
@@ -72,6 +78,16 @@ def streaming_block_mask(
     return causal & (sink | local)
 
 
+def window_block_mask(query_blocks: torch.Tensor, num_key_blocks: int, block_size: int,
+                      window_tokens: int) -> torch.Tensor:
+    """The key blocks a sliding window of ``window_tokens`` leaves any key of: [R, Kb] bool, True where some query
+    of the row's block and some key of the key block are fewer than ``window_tokens`` positions apart."""
+    key_blocks = torch.arange(num_key_blocks, device=query_blocks.device)[None, :]
+    first_query = query_blocks[:, None] * block_size
+    last_key = key_blocks * block_size + block_size - 1
+    return first_query - last_key < window_tokens
+
+
 def tables_from_block_masks(
     masks: list[torch.Tensor], first_query_block: torch.Tensor, block_size: int
 ) -> BlockTables:
@@ -102,7 +118,8 @@ def _compact(patterns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _tables_from_patterns(
-    sequences: list[tuple[torch.Tensor, torch.Tensor]], first_query_block: torch.Tensor, block_size: int
+    sequences: list[tuple[torch.Tensor, torch.Tensor]], first_query_block: torch.Tensor, block_size: int,
+    window_tokens: int | None = None,
 ) -> BlockTables:
     """Block tables from, per sequence, distinct block patterns [P, R_n, Kb_n] and the pattern of each head [Hq]."""
     device = sequences[0][0].device
@@ -124,6 +141,7 @@ def _tables_from_patterns(
         first_query_block=first_query_block.to(torch.int64),
         num_rows=torch.tensor([patterns.shape[1] for patterns, _ in sequences], dtype=torch.int64),
         block_size=block_size,
+        window_tokens=window_tokens,
     )
 
 
@@ -146,10 +164,14 @@ class BlockTableBuilder:
         layout: the sequences of this forward.
         config: block size, SSA sizes, XA stride and threshold.
         device: where the tables live.
+        window_tokens: the model's sliding window on every layer, composed with every pattern (None for none).
     """
 
-    def __init__(self, layout: SequenceLayout, config: ElasticConfig, device: torch.device | str) -> None:
-        self.layout, self.config = layout, config
+    def __init__(self, layout: SequenceLayout, config: ElasticConfig, device: torch.device | str,
+                 window_tokens: int | None = None) -> None:
+        if window_tokens is not None and window_tokens < 1:
+            raise InputError(f"`window_tokens` must be a positive number of tokens or None, got {window_tokens}")
+        self.layout, self.config, self.window_tokens = layout, config, window_tokens
         # Routing puts heads only on its configuration's two modes, so without XA there is no per-layer
         # device-to-host check for XA heads.
         self.config_has_xa = "xa" in (config.retrieval_mode, config.sparse_mode)
@@ -162,11 +184,15 @@ class BlockTableBuilder:
             num_key_blocks = (span.key_len - 1) // size + 1
             full = causal_block_mask(query_blocks, num_key_blocks)
             ssa = streaming_block_mask(query_blocks, num_key_blocks, config.sink_blocks, config.local_blocks)
-            self._bases.append(torch.stack([full, ssa]))
+            base = torch.stack([full, ssa])
+            if window_tokens is not None:
+                base &= window_block_mask(query_blocks, num_key_blocks, size, window_tokens)
+            self._bases.append(base)
             first_blocks.append(first_block)
         self._first_blocks = torch.tensor(first_blocks, dtype=torch.int64)
         patterns = torch.arange(2, device=device)
-        self._base = _tables_from_patterns([(base, patterns) for base in self._bases], self._first_blocks, size)
+        self._base = _tables_from_patterns([(base, patterns) for base in self._bases], self._first_blocks, size,
+                                           window_tokens)
         self._base_pairs = attended_pairs(self._base, layout)
 
     def build(
@@ -210,7 +236,7 @@ class BlockTableBuilder:
         rows, width = base.kv_block_index.shape[2:]
         count = base.kv_block_count.gather(1, pattern[:, :, None].expand(-1, -1, rows))
         index = base.kv_block_index.gather(1, pattern[:, :, None, None].expand(-1, -1, rows, width))
-        tables = BlockTables(count, index, base.first_query_block, base.num_rows, base.block_size)
+        tables = base._replace(kv_block_count=count, kv_block_index=index)
         return tables, self._base_pairs.gather(1, pattern)
 
     def _build_with_xa(self, modes, group, query, key, scale) -> BlockTables:
@@ -233,10 +259,12 @@ class BlockTableBuilder:
                     threshold=config.xa_threshold,
                     scale=scale,
                 ).to(base.device)
+                if self.window_tokens is not None:
+                    selected &= base[0]  # the full pattern, cut to the window
                 patterns.extend(selected.unbind(0))
                 head_pattern[xa_heads] = torch.arange(2, 2 + xa_heads.numel(), device=base.device)
             sequences.append((torch.stack(patterns), head_pattern))
-        return _tables_from_patterns(sequences, self._first_blocks, size)
+        return _tables_from_patterns(sequences, self._first_blocks, size, self.window_tokens)
 
 
 def build_block_tables(
@@ -248,13 +276,14 @@ def build_block_tables(
     query: torch.Tensor | None = None,
     key: torch.Tensor | None = None,
     scale: float | None = None,
+    window_tokens: int | None = None,
 ) -> BlockTables:
     """Block tables of one routed layer (one-shot `BlockTableBuilder`; tables on the device of ``head_modes``).
 
     Raises:
         InputError: if a head is on XA and ``config``'s configuration has no XA (a builder would treat it as full).
     """
-    builder = BlockTableBuilder(layout, config, head_modes.device)
+    builder = BlockTableBuilder(layout, config, head_modes.device, window_tokens)
     if not builder.config_has_xa and bool((head_modes == XA).any()):
         raise InputError(
             f"`head_modes` puts heads on XA but configuration {config.configuration!r} has no XA; "
