@@ -183,16 +183,17 @@ def test_detach_restores_the_model():
 
 
 def test_refusals_name_the_problem():
-    from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
     with pytest.raises(UnsupportedModelError, match="model_type 'gpt2' is not supported"):
         ea.attach(gpt2, CONFIG)
-    windowed = MistralForCausalLM(MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
-                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                                sliding_window=16))
-    with pytest.raises(UnsupportedModelError, match="sliding_window=None"):
-        ea.attach(windowed, CONFIG)
+    only_sliding = Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                                      head_dim=16, sliding_window=16,
+                                                      layer_types=["sliding_attention"] * 2))
+    with pytest.raises(UnsupportedModelError, match="every layer of this model is a sliding-window layer"):
+        ea.attach(only_sliding, CONFIG)
     model = tiny_model("llama")
     with pytest.raises(ea.ConfigError, match="routed_layers"):
         ea.attach(model, ElasticConfig(block_size=8, sink_tokens=8, local_tokens=8, xa_stride=4, routed_layers=[5]))

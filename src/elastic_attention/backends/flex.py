@@ -120,6 +120,8 @@ class FlexBackend:
         query_offsets = torch.tensor(aligned.query_offsets, device=device)
 
         window = tables.window_tokens
+        # A tensor, like the lengths: a Python int here made torch's CPU flex template fail to compile (torch 2.13).
+        window_size = torch.tensor(window if window is not None else 0, device=device)
 
         def causal_within_sequence(batch, head, query_index, key_index):
             position = query_index + query_offsets[batch]
@@ -127,7 +129,7 @@ class FlexBackend:
 
         def causal_within_window(batch, head, query_index, key_index):
             position = query_index + query_offsets[batch]
-            return (key_index <= position) & (key_index > position - window) & (position < lengths[batch])
+            return (key_index <= position) & (key_index > position - window_size) & (position < lengths[batch])
 
         padded_queries, padded_keys = aligned.query.shape[2], aligned.key.shape[2]
         counts, index = fit_tables(tables, padded_queries // size, padded_keys // size)

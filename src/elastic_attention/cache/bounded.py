@@ -232,7 +232,7 @@ class ElasticCacheLayer(CacheLayerMixin):
                     continue
                 queries = query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
                 result = output[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
-                if self.cache.softcap is not None or sinks is not None:
+                if self.cache.softcap is not None or sinks is not None or self.cache.model_window is not None:
                     self._attend_explicit(store, staged, queries, result, scale,
                                           None if sinks is None else sinks.view(num_kv, group))
                 elif count == 1:
@@ -285,9 +285,9 @@ class ElasticCacheLayer(CacheLayerMixin):
 
     def _attend_explicit(self, store: SequenceStore, staged: StagedEntries, queries: torch.Tensor,
                          result: torch.Tensor, scale: float, sinks: torch.Tensor | None) -> None:
-        """New queries of one sequence when the model soft-caps its attention logits or has attention sinks: every
-        head through `token_attention` (the fused kernels have neither), ring heads over the ring and the staged
-        entries.
+        """New queries of one sequence when the model soft-caps its attention logits, has attention sinks or slides a
+        window on every layer: every head through `token_attention` (the fused kernels have none of them), ring heads
+        over the ring and the staged entries.
 
         Args:
             queries, result: [Hkv, g, n, D] views of the step's queries and of the output rows.
@@ -297,7 +297,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         length, count = store.length, queries.shape[2]
         query_positions = torch.arange(length - count, length, device=queries.device)
         rule = dict(sink_tokens=window.sink_tokens, local_tokens=window.local_tokens, scale=scale,
-                    softcap=self.cache.softcap)
+                    softcap=self.cache.softcap, window_tokens=self.cache.model_window)
         if store.full_heads.numel():
             heads = store.full_heads
             result[heads] = token_attention(
@@ -522,11 +522,12 @@ class ElasticCache(Cache):
         self.layout: SequenceLayout | None = None
         self._streaming: dict[int, torch.Tensor] = {}
         self.max_length = max_length
-        #: The model's attention-logit soft-cap (None: none) and whether it has attention sinks: such steps run in
-        #: torch (`token_attention`), never fused.
+        #: The model's attention-logit soft-cap (None: none), whether it has attention sinks, and its sliding window
+        #: on every layer (None: none): with any of them every step runs in torch (`token_attention`), never fused.
         self.softcap: float | None = runtime.softcap
         self.has_sinks: bool = runtime.has_sinks
-        self.fused_decode = fused_decode and self.softcap is None and not self.has_sinks
+        self.model_window: int | None = runtime.model_window
+        self.fused_decode = fused_decode and self.softcap is None and not self.has_sinks and self.model_window is None
         # A model's sliding-window layers keep their own attention, so they keep transformers' own window cache.
         super().__init__(layers=[
             DynamicSlidingWindowLayer(sliding_window=runtime.sliding_window) if index in runtime.sliding_layers

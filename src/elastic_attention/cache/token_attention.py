@@ -69,6 +69,7 @@ def token_attention(
     scale: float,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    window_tokens: int | None = None,
 ) -> torch.Tensor:
     """Masked softmax attention of grouped queries.
 
@@ -83,6 +84,7 @@ def token_attention(
         softcap: None, or the logit soft-cap c (Gemma 2): scores become c * tanh(scores / c) before the mask.
         sinks: None, or [H, g] attention-sink logits (gpt-oss): one more logit per query head in the softmax's
             denominator, with no value.
+        window_tokens: the model's sliding window on every layer (keys with q - k < W), None for none.
 
     Returns:
         [H, g, q, D] in the dtype of ``query``. A query with no visible key (impossible under the rule, whose own
@@ -90,7 +92,8 @@ def token_attention(
     """
     heads, group, num_queries, _ = query.shape
     if num_queries == 1 and query.dtype in (torch.float16, torch.bfloat16) and softcap is None and sinks is None:
-        allowed = token_rule_mask(query_positions, key_positions, streaming, sink_tokens, local_tokens)[:, 0]
+        allowed = token_rule_mask(query_positions, key_positions, streaming, sink_tokens, local_tokens,
+                                  window_tokens)[:, 0]
         with single_query_kernels():
             attended = attend_single_query(query, key, value, scale, allowed)
         return attended.nan_to_num(0.0) * allowed.any(dim=-1)[:, None, None, None]
@@ -100,7 +103,8 @@ def token_attention(
     chunk = max(1, _MAX_SCORES_PER_CHUNK // max(1, heads * group * key.shape[1]))
     for first in range(0, num_queries, chunk):
         rows = slice(first, first + chunk)
-        allowed = token_rule_mask(query_positions[rows], key_positions, streaming, sink_tokens, local_tokens)
+        allowed = token_rule_mask(query_positions[rows], key_positions, streaming, sink_tokens, local_tokens,
+                                  window_tokens)
         scores = torch.einsum("hgqd,hsd->hgqs", query[:, :, rows].to(compute), keys) * scale
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)

@@ -14,7 +14,13 @@ from elastic_attention.backends import get_backend
 from elastic_attention.attached import RUNTIME_ATTRIBUTE, attached_runtime
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import BackendUnavailableError, ConfigError, InputError, UnsupportedModelError
-from elastic_attention.integration.families import attention_modules, decoder_of, family_of, layer_kinds
+from elastic_attention.integration.families import (
+    attention_modules,
+    decoder_of,
+    family_of,
+    layer_kinds,
+    model_window,
+)
 from elastic_attention.integration.report import RoutingReport
 from elastic_attention.integration.attention_function import (
     ATTENTION_NAME,
@@ -66,8 +72,7 @@ def attach(
         The same model.
 
     Raises:
-        UnsupportedModelError: the family is not supported, applies a sliding window on every layer, or is already
-            attached.
+        UnsupportedModelError: the family is not supported, has only sliding-window layers, or is already attached.
         ConfigError: ``cache`` is not a known kind, or ``routed_layers`` names layers the model does not have or
             its sliding-window layers.
         BackendUnavailableError: the backend cannot run here, or lacks a feature the model needs (soft-capping or
@@ -98,6 +103,7 @@ def attach(
         raise UnsupportedModelError(f"{type(model).__name__} does not dispatch attention through AttentionInterface")
     softcap = getattr(model.config, "attn_logit_softcapping", None)
     attention_backend = _backend_for(backend, softcap, family.attention_sinks)
+    window = model_window(model)
 
     head_dim = modules[0].head_dim
     num_kv_heads = model.config.num_key_value_heads
@@ -116,7 +122,7 @@ def attach(
         config, family, attention_backend, routers, num_kv_heads, head_dim, num_layers=len(modules), cache_kind=cache,
         sliding_window=getattr(model.config, "sliding_window", None) if "sliding" in kinds else None,
         sliding_layers=frozenset(index for index, kind in enumerate(kinds) if kind == "sliding"),
-        softcap=softcap, has_sinks=family.attention_sinks,
+        softcap=softcap, has_sinks=family.attention_sinks, model_window=window,
     )
     runtime.previous_implementation = model.config._attn_implementation
     runtime.requires_grad_before = frozen

@@ -68,7 +68,7 @@ def elastic_attention_forward(
             return eager_attention(query, key, value, attention_mask, scaling, softcap, s_aux), None
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, **kwargs)
-    if sliding_window is not None:
+    if sliding_window is not None and sliding_window != runtime.model_window:
         raise InputError(f"sliding-window attention (window {sliding_window}) reached a full-attention layer")
     output = runtime.attention(module, query, key, value, scaling, s_aux)
     return output.transpose(1, 2).contiguous(), None

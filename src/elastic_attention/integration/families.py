@@ -3,7 +3,8 @@
 A family needs no copied model code: its attention module must dispatch through transformers' AttentionInterface,
 and one of its submodules must output the layer's key states before RoPE. The model's own layer types decide what
 is routed (`layer_kinds`): full-attention layers get routers; sliding-window layers keep the model's attention and
-its cache entries, unchanged.
+its cache entries, unchanged. A model without layer types that slides one window on every layer (Mistral 7B v0.1)
+has every layer routed, its window composed with the routing (`model_window`).
 """
 
 from __future__ import annotations
@@ -76,9 +77,12 @@ def family_of(model: nn.Module) -> tuple[str, FamilySpec]:
 def layer_kinds(model: nn.Module) -> list[str]:
     """``"full"`` or ``"sliding"`` for every decoder layer, from the model's config.
 
+    A model without layer types that applies a sliding window on every layer counts as full attention on every
+    layer: its window is composed with the routing (`model_window`).
+
     Raises:
-        UnsupportedModelError: a layer type other than full or sliding-window attention (named), or a sliding
-            window on every layer of a model without layer types (the window and the routing do not compose yet).
+        UnsupportedModelError: a layer type other than full or sliding-window attention (named), or only
+            sliding-window layers.
     """
     config = model.config
     count = config.num_hidden_layers
@@ -97,14 +101,24 @@ def layer_kinds(model: nn.Module) -> list[str]:
                 "): there is no full-attention layer to route"
             )
         return kinds
-    window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", True):
-        raise UnsupportedModelError(
-            f"this model applies a sliding window on every layer (sliding_window={window}); routing composes with "
-            "full-attention layers only. If its prompts fit in the window, or the checkpoint was trained without "
-            "one, load it with sliding_window=None"
-        )
     return ["full"] * count
+
+
+def model_window(model: nn.Module) -> int | None:
+    """The sliding window (tokens) a model without layer types applies on every layer, or None.
+
+    Raises:
+        UnsupportedModelError: a window that is not a positive number of tokens.
+    """
+    config = model.config
+    if getattr(config, "layer_types", None):
+        return None
+    window = getattr(config, "sliding_window", None)
+    if window is None or not getattr(config, "use_sliding_window", True):
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise UnsupportedModelError(f"sliding_window must be a positive number of tokens, got {window!r}")
+    return window
 
 
 def decoder_of(model: nn.Module, family: FamilySpec) -> nn.Module:

@@ -27,16 +27,20 @@ class HybridAttention:
         config: the attached configuration (modes, pattern sizes).
         backend: computes attention from block tables.
         softcap: the model's attention-logit soft-cap (Gemma 2), None for none.
+        window_tokens: the model's sliding window on every layer (Mistral 7B v0.1), composed with every pattern;
+            None for none.
 
     Attributes:
         sparsity: layer index -> [N] float32 ESR of that layer in the last prefill (mean over query heads of
             1 - attended causal pairs / causal pairs).
     """
 
-    def __init__(self, config: ElasticConfig, backend: AttentionBackend, softcap: float | None = None) -> None:
+    def __init__(self, config: ElasticConfig, backend: AttentionBackend, softcap: float | None = None,
+                 window_tokens: int | None = None) -> None:
         self.config = config
         self.backend = backend
         self.softcap = softcap
+        self.window_tokens = window_tokens
         self.sparsity: dict[int, torch.Tensor] = {}
         self._builder: BlockTableBuilder | None = None
         self._causal_pairs: tuple[SequenceLayout, torch.Tensor] | None = None
@@ -120,6 +124,7 @@ class HybridAttention:
                 scale=scale,
                 softcap=self.softcap,
                 sinks=None if sinks is None else sinks.view(num_kv, group),
+                window_tokens=self.window_tokens,
             )
             output[row, :, first_row : first_row + count] = attended.flatten(0, 1)
         return output
@@ -128,7 +133,7 @@ class HybridAttention:
                 scale: float):
         """(block tables, attended pairs per head) of one layer; the forward's patterns are built once."""
         if self._builder is None or self._builder.layout is not layout:
-            self._builder = BlockTableBuilder(layout, self.config, query.device)
+            self._builder = BlockTableBuilder(layout, self.config, query.device, self.window_tokens)
         return self._builder.build(modes, query.shape[1], query=query, key=key, scale=scale)
 
     def _attend(self, query, key, value, layout: SequenceLayout, modes, scale, layer_index: int,

@@ -60,6 +60,9 @@ class ElasticRuntime:
             attention path applies it.
         has_sinks: whether the model's attention layers have learned attention sinks (gpt-oss); each call brings its
             layer's sink logits.
+        model_window: the model's sliding window on every layer (Mistral 7B v0.1: 4096 tokens), None for none. It is
+            composed with the routing: a full-attention head attends the window, an SSA head its sink and local
+            window inside it (`patterns.block_tables`, `patterns.tokens`).
 
     Per-forward facts travel as keyword arguments of the model's forward (the decoder's pre-hook takes them out):
 
@@ -84,6 +87,7 @@ class ElasticRuntime:
         sliding_layers: frozenset[int] = frozenset(),
         softcap: float | None = None,
         has_sinks: bool = False,
+        model_window: int | None = None,
     ) -> None:
         self.config = config
         self.num_layers = num_layers
@@ -96,7 +100,8 @@ class ElasticRuntime:
         self.routing = ModelRouting(config, routers, num_kv_heads)
         self.softcap = softcap
         self.has_sinks = has_sinks
-        self.hybrid = HybridAttention(config, backend, softcap)
+        self.model_window = model_window
+        self.hybrid = HybridAttention(config, backend, softcap, model_window)
         #: The `ElasticCache` of the running forward (None without one).
         self.cache = None
         #: The sequences of the running forward.
@@ -136,6 +141,19 @@ class ElasticRuntime:
     @property
     def backend(self) -> AttentionBackend:
         return self.hybrid.backend
+
+    def _full_cache_for_a_window(self, kwargs: dict) -> bool:
+        """With ``cache_kind="full"`` on a model with a window on every layer, give the prefill a cache that keeps
+        every key: Hugging Face's cache for such a model keeps only the window, while the token-rule attention over
+        a cached past reads the keys at their positions from 0. Returns True when ``kwargs`` now carries it."""
+        if self.model_window is None:
+            return False
+        from transformers.cache_utils import DynamicCache
+
+        names = [name for name in ("cache", "past_key_values") if name in kwargs] or [
+            "cache" if "cache" in self._decoder_parameters else "past_key_values"]
+        kwargs[names[0]] = DynamicCache()
+        return True
 
     def select_sequences(self, index: torch.Tensor) -> None:
         """Keep the routing of the sequences at ``index`` ([N'] int64, repeats allowed), in that order (what a
@@ -207,8 +225,10 @@ class ElasticRuntime:
         use_cache = bound.get("use_cache")
         if use_cache is None:
             use_cache = getattr(decoder.config, "use_cache", True)
-        if self.cache_kind != "bounded" or decoder.training or not use_cache or past != 0:
+        if decoder.training or not use_cache or past != 0:
             return False
+        if self.cache_kind != "bounded":
+            return self._full_cache_for_a_window(kwargs)
         # transformers renamed the decoder's `past_key_values` argument to `cache`; use whichever the call uses.
         names = [name for name in ("cache", "past_key_values") if name in kwargs]
         if not names:

@@ -296,7 +296,8 @@ def build_block_tables(
 def attended_pairs(tables: BlockTables, layout: SequenceLayout) -> torch.Tensor:
     """Causal (query, key) pairs each head attends over the queries of this forward.
 
-    Computed on the tables' device; only the [N, Hq] result is small.
+    Computed on the tables' device; only the [N, Hq] result is small. Under a model window (``window_tokens``) the
+    blocks its edge cuts count whole, so the pairs are an upper bound there.
 
     Returns:
         [N, Hq] int64, on the tables' device.
