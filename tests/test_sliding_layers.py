@@ -191,7 +191,7 @@ def test_the_soft_cap_binds_and_a_backend_without_it_is_refused_by_name():
         for layer in model.model.layers:
             layer.self_attn.attn_logit_softcapping = SOFTCAP
     assert (capped - uncapped).abs().max() > 0.1  # the test models' scores reach the cap
-    with pytest.raises(BackendUnavailableError, match="backend .cpu. lacks logit soft-capping .*'reference' or 'flex'"):
+    with pytest.raises(BackendUnavailableError, match="backend .cpu. lacks logit soft-capping .*use 'reference'"):
         ea.attach(model, CONFIG, backend="cpu")
     assert not ea.integration.is_attached(model)
     ea.attach(model, CONFIG)  # auto on a CPU: reference, which soft-caps
@@ -202,9 +202,13 @@ def test_the_soft_cap_binds_and_a_backend_without_it_is_refused_by_name():
 
 
 def test_the_sinks_take_a_share_of_every_softmax():
+    from elastic_attention import BackendUnavailableError
+
     model = tiny_mixed("gpt_oss")
     ids = torch.randint(1, 97, (1, 40), generator=torch.Generator().manual_seed(4))
-    ea.attach(model, CONFIG)  # auto on a CPU: reference, which has sinks
+    with pytest.raises(BackendUnavailableError, match="backend 'flex' lacks attention sinks"):
+        ea.attach(model, CONFIG, backend="flex")
+    ea.attach(model, CONFIG)  # auto: reference, the backend with sinks
     assert ea.integration.runtime_of(model).backend.name == "reference"
     ea.force_routing(model, "full")
     with torch.no_grad():

@@ -46,7 +46,7 @@ class AttentionBackend(Protocol):
                 `BackendUnavailableError` when given one.
             sinks: None, or [Hq] learned attention-sink logits (gpt-oss): one more logit per query head in every
                 softmax's denominator, with no value (so a row's weights sum to less than 1). Refused likewise by a
-                backend whose ``supports_sinks`` is False.
+                backend whose ``supports_sinks`` is False (only ``reference`` has them).
 
         Returns:
             [B, Hq, S_q, D] in the dtype of ``query``; rows that belong to no sequence (padding) are zero.

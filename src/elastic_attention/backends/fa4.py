@@ -5,9 +5,9 @@ the kernel masks the diagonal block at token level, so FA, SSA and XA heads of a
 function. Sequences are aligned to the start of their own batch row first (a no-op for an unpadded or right-padded
 prefill batch).
 
-Forward only, prefill only, bf16/fp16, block size 64 or 128, no logit soft-cap, sinks or model window: other calls
-(decode steps, chunked prefill, inputs that need gradients, float32, other block sizes, soft-capped logits, sinks, a
-model window on every layer) go to the fallback backend (``flex``), which computes the same attention; each reason
+Forward only, prefill only, bf16/fp16, block size 64 or 128, no logit soft-cap or model window: other calls
+(decode steps, chunked prefill, inputs that need gradients, float32, other block sizes, soft-capped logits, a model
+window on every layer) go to the fallback backend (``flex``), which computes the same attention; each reason
 is logged once.
 """
 
@@ -44,9 +44,9 @@ class FA4Backend:
     """Hybrid prefill through flash-attn-4's block-sparse forward kernel."""
 
     name = "fa4"
-    #: Through the fallback backend (flex).
+    #: Through the fallback backend (flex), which has no attention sinks.
     supports_softcap = True
-    supports_sinks = True
+    supports_sinks = False
 
     def __init__(self, fallback=None) -> None:
         available, reason = fa4_available()
@@ -105,14 +105,16 @@ class FA4Backend:
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if sinks is not None:
+            raise BackendUnavailableError("the fa4 backend has no attention sinks; use backend='reference'")
         reason = self.unhandled_reason(query, key, value, layout, tables)
-        if reason is None and (softcap is not None or sinks is not None):
-            reason = "soft-capped logits and attention sinks (not wired to the kernel here)"
+        if reason is None and softcap is not None:
+            reason = "soft-capped logits (not wired to the kernel here)"
         if reason is not None:
             if reason not in self._fallback_reasons_logged:
                 logger.info("elastic-attention: fa4 hands %s to %r", reason, self.fallback.name)
                 self._fallback_reasons_logged.add(reason)
-            return self.fallback.attend(query, key, value, layout, tables, scale, softcap, sinks)
+            return self.fallback.attend(query, key, value, layout, tables, scale, softcap)
         size = tables.block_size
         aligned = AlignedSequences.gather(query, key, value, layout, size)
         num_query_blocks = -(-aligned.query.shape[2] // size)

@@ -61,8 +61,9 @@ class FlexBackend:
 
     name = "flex"
     supports_softcap = True
-    #: Sinks rescale the kernel's output by its log-sum-exp, o * sigmoid(lse - sink); on CUDA only.
-    supports_sinks = True
+    #: No attention sinks: they would rescale the output by its log-sum-exp, which torch's CPU flex does not return,
+    #: so that GPU-only path could not be tested here.
+    supports_sinks = False
 
     def __init__(self, kernel_options: dict | None = None) -> None:
         """Args:
@@ -82,15 +83,6 @@ class FlexBackend:
                 setattr(dynamo_config, name, max(getattr(dynamo_config, name), _RECOMPILE_LIMIT))
         self._flex = torch.compile(flex_attention, dynamic=True)
         self._kernel_options = kernel_options
-
-    def _flex_with_lse(self, query, key, value, **arguments):
-        """(output, natural-log log-sum-exp [B, Hq, S_q]) of one flex_attention call."""
-        try:
-            from torch.nn.attention.flex_attention import AuxRequest
-        except ImportError:  # torch < 2.9
-            return self._flex(query, key, value, return_lse=True, **arguments)
-        attended, aux = self._flex(query, key, value, return_aux=AuxRequest(lse=True), **arguments)
-        return attended, aux.lse
 
     def attend(
         self,
@@ -148,17 +140,9 @@ class FlexBackend:
         score_mod = None if softcap is None else _softcap_score_mod(torch.tensor(float(softcap), device=device))
         arguments = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=True,
                          kernel_options=options)
-        if sinks is None:
-            attended = self._flex(aligned.query, aligned.key, aligned.value, **arguments)
-        else:
-            if device.type != "cuda":
-                raise BackendUnavailableError(
-                    "the flex backend computes attention sinks on CUDA GPUs only (torch's compiled FlexAttention "
-                    "returns no log-sum-exp on a CPU); use backend='reference' there"
-                )
-            attended, lse = self._flex_with_lse(aligned.query, aligned.key, aligned.value, **arguments)
-            # softmax with one more logit s: o * Z / (Z + e^s) = o * sigmoid(lse - s)
-            attended = attended * torch.sigmoid(lse - sinks.to(lse.dtype)[None, :, None])[..., None].to(attended.dtype)
+        if sinks is not None:
+            raise BackendUnavailableError("the flex backend has no attention sinks; use backend='reference'")
+        attended = self._flex(aligned.query, aligned.key, aligned.value, **arguments)
         return aligned.scatter(attended, query)
 
 

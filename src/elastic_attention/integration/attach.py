@@ -63,8 +63,8 @@ def attach(
         model: a causal LM (or its base model) of a supported family.
         config: the configuration; defaults to ``ElasticConfig()``.
         backend: attention backend name (``"auto"``, ``"fa4"``, ``"flex"``, ``"cpu"``, ``"reference"``); for a model
-            that soft-caps its attention logits (Gemma 2) or has attention sinks (gpt-oss) ``"auto"`` skips
-            ``"cpu"``, which has neither.
+            that soft-caps its attention logits (Gemma 2) or has attention sinks (gpt-oss) ``"auto"`` takes
+            ``"reference"`` where its first choice lacks them.
         cache: ``"bounded"`` (default): `generate` and other eval-mode forwards that cache use an `ElasticCache`,
             where SSA heads keep only their sink and window; ``"full"``: the model's own cache, every key kept.
 
@@ -143,8 +143,8 @@ def attach(
 
 def _backend_for(name: str, softcap: float | None, sinks: bool):
     """The backend ``name`` resolves to, for a model that soft-caps its attention logits (``softcap`` set) or has
-    attention sinks: ``"auto"`` then skips a backend without them (the ``cpu`` one) for ``reference``; a backend
-    asked for by name that lacks them is refused."""
+    attention sinks: ``"auto"`` then skips a backend without them (``cpu`` for both; ``flex`` and ``fa4`` for sinks)
+    for ``reference``; a backend asked for by name that lacks them is refused."""
     backend = get_backend(name)
     needs = [feature for feature, used, supported in (
         (f"logit soft-capping (attn_logit_softcapping={softcap})", softcap is not None, backend.supports_softcap),
@@ -154,8 +154,8 @@ def _backend_for(name: str, softcap: float | None, sinks: bool):
         return backend
     if name != "auto":
         raise BackendUnavailableError(
-            f"backend {name!r} lacks {' and '.join(needs)}, which this model uses; use 'reference' or 'flex' (or "
-            "'fa4', which hands such calls to flex)"
+            f"backend {name!r} lacks {' and '.join(needs)}, which this model uses; use 'reference' (which has both), "
+            "or for soft-capping 'flex' or 'fa4' (which hands such calls to flex)"
         )
     logger.info("elastic-attention: backend 'auto' takes 'reference' instead of %r, which lacks %s",
                 backend.name, " and ".join(needs))
