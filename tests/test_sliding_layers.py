@@ -149,7 +149,7 @@ def test_forced_sparse_on_the_full_layers_equals_masked_sdpa(family):
     assert ea.routing_report(model).msr.tolist() == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "qwen2", "gemma2_softcap", "gpt_oss"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_generation_and_padding_match_each_sample_alone(family):
     model = tiny_mixed(family)
     ea.attach(model, CONFIG, backend="reference")
