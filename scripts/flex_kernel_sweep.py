@@ -2,9 +2,10 @@
 
 Times the flex backend's kernel on one hybrid FA-SSA layer (the layer benchmark's shape and routing: the first
 round(MSR x KV heads) heads on SSA) for each candidate set of kernel options, next to dense SDPA (the faster of
-cuDNN and flash) in the same run; "fastest" is the candidate of least total time over every point. Each candidate is first checked against the reference backend at 4K tokens; one
-that fails to compile or to match is reported with its error and skipped. The fastest candidate is what
-`backends.flex.KERNEL_OPTIONS` should hold for this GPU generation and shape.
+cuDNN and flash) in the same run; "fastest" is the candidate of least total time over every point. Each candidate
+is first checked against the reference backend at 4K tokens; one that fails to compile or to match is reported with
+its error and skipped. The fastest candidate is what `backends.flex.KERNEL_OPTIONS` should hold for this GPU
+generation and shape.
 
   python3 scripts/flex_kernel_sweep.py --lengths 32k,128k --msr 0.25,0.5,0.75 --out /tmp/flex_sweep.json
 """

@@ -1,9 +1,9 @@
 """Reference backend: plain torch, CPU or GPU; the oracle for every faster backend.
 
 Per sequence, it expands the block tables of a chunk of query blocks to a token mask (chunk x keys, never S x S for
-long inputs), adds causality, and runs masked softmax attention in float32 (float64 for float64 inputs) through
-torch's scaled_dot_product_attention (explicit scores for soft-capped logits and attention sinks). Heads that share a block pattern (every head of a mode, for FA and SSA) share
-one token mask.
+long inputs), adds causality (and a model window), and runs masked softmax attention in float32 (float64 for float64
+inputs) through torch's scaled_dot_product_attention (explicit scores for soft-capped logits and attention sinks).
+Heads that share a block pattern (every head of a mode, for FA and SSA) share one token mask.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The attention of steps that continue a cached past: over the keys of a full cache, or over the entries a bounded
 cache kept (whose slots need not be in position order). `token_attention` is the general form in plain torch: a
 single query in half precision (a decode step) goes through torch's fused SDPA with a boolean mask, in its own dtype,
-unless the logits are soft-capped or the model has attention sinks; everything else is computed in float32 (float64 for float64 inputs), queries in chunks so that no more than a
-bounded number of scores exists at once.
+unless the logits are soft-capped or the model has attention sinks; everything else is computed in float32 (float64
+for float64 inputs), queries in chunks so that no more than a bounded number of scores exists at once.
 
 A prompt chunk over keys stored in position order has two fused forms, both torch SDPA in the inputs' dtype (flash
 or memory-efficient kernels on a GPU): `causal_suffix_attention` for heads that keep every key, and
