@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.evaluation.seeded_random import SampleRandom
 from elastic_attention.evaluation.synthetic.filler import filler_sentence
 from elastic_attention.evaluation.synthetic.tokenizer import build_tokenizer
 from elastic_attention.evaluation.synthetic.words import COLOR_WORDS, PARAGRAPH_MARKER, SHARED_NOUNS

@@ -17,7 +17,7 @@ import transformers
 
 from elastic_attention.cli import main as cli_main
 from elastic_attention.errors import ConfigError
-from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.evaluation.seeded_random import SampleRandom
 from elastic_attention.evaluation.synthetic.tokenizer import build_tokenizer
 from elastic_attention.training.backbone import build_backbone_config, rope_theta_of
 from elastic_attention.training.data import IGNORE_INDEX

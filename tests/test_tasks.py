@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation import synthetic
-from elastic_attention.evaluation.sampling import sample_seed
+from elastic_attention.evaluation.seeded_random import sample_seed
 from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic import (
     INSTRUCTIONS,

@@ -59,7 +59,7 @@ from elastic_attention.evaluation.corpus import (
     stdlib_files,
 )
 from elastic_attention.evaluation.scoring import Score, edit_similarity, first_answer_line, first_integer
-from elastic_attention.evaluation.sampling import SampleRandom, sample_seed
+from elastic_attention.evaluation.seeded_random import SampleRandom, sample_seed
 from elastic_attention.rows import Row
 
 #: A rendered prompt has at most the requested tokens and at most this many fewer.

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.evaluation.seeded_random import SampleRandom
 from elastic_attention.evaluation.synthetic import TASKS, count_question, pattern_question
 from elastic_attention.evaluation.synthetic.filler import filler_sentence
 from elastic_attention.evaluation.synthetic.words import (

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from elastic_attention.chat import encode_prompt
-from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.evaluation.seeded_random import SampleRandom
 from elastic_attention.evaluation.synthetic import ROBUST_TASKS, SENSITIVE_TASKS, TASKS, generate, score
 from elastic_attention.evaluation.synthetic.tokenizer import decode_answer
 from elastic_attention.training.data import IGNORE_INDEX

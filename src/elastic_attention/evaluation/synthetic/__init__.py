@@ -58,7 +58,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.sampling import sample_seed
+from elastic_attention.evaluation.seeded_random import sample_seed
 from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic.context import (
     FINAL_PARAGRAPH_MAX_TOKENS,

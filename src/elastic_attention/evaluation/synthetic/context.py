@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.evaluation.seeded_random import SampleRandom
 from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic.filler import (
     SENTENCE_MIN_TOKENS,

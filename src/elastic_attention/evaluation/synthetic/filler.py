@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.evaluation.seeded_random import SampleRandom
 from elastic_attention.evaluation.synthetic.words import (
     ADJECTIVES,
     ADVERBS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.evaluation.seeded_random import SampleRandom
 from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic.context import INSTRUCTIONS, needles, require_count, robust_context, task_row
 from elastic_attention.evaluation.synthetic.words import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.sampling import SampleRandom
+from elastic_attention.evaluation.seeded_random import SampleRandom
 from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic.context import (
     INSTRUCTIONS,
