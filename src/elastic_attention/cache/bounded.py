@@ -17,6 +17,8 @@ Storage is per sequence (one sequence per batch row), so every sample keeps its 
 A step's new entries are staged by `update`. A chunk of several tokens writes them to the ring after its attention
 (`commit`), so a chunk longer than the window still sees its own earlier tokens; a single-token step writes first and
 then attends the whole ring, whose slots then hold exactly its visible window. Full-store heads are appended at once.
+Under a model window on every layer (Mistral 7B v0.1) a full store forgets the entries no later query can see, so it
+holds at most about twice that window, and every step attends in torch by the composed token rule.
 
 A decode step (one new token per sequence) on a CUDA GPU with Triton takes the fused path of
 `cache.triton_decode`: one launch per layer writes the new entries of every sequence and head, attends them all and
@@ -53,7 +55,11 @@ from elastic_attention.patterns import SequenceLayout
 
 @dataclass
 class SequenceStore:
-    """What one layer keeps of one sequence."""
+    """What one layer keeps of one sequence.
+
+    ``full_keys[:, i]`` holds position ``full_first + i``. ``full_first`` is 0 except under a model window on every
+    layer, where a full head forgets what no later query can see (and every step takes `_attend_explicit`).
+    """
 
     full_heads: torch.Tensor
     full_keys: torch.Tensor
@@ -63,11 +69,17 @@ class SequenceStore:
     ring_values: torch.Tensor
     ring_positions: torch.Tensor
     length: int = 0
+    full_first: int = 0
+
+    @property
+    def full_count(self) -> int:
+        """Entries the full store holds: positions ``full_first .. length - 1``."""
+        return self.length - self.full_first
 
     def clone(self) -> SequenceStore:
         return SequenceStore(*(t.clone() for t in (self.full_heads, self.full_keys, self.full_values,
                                                     self.ring_heads, self.ring_keys, self.ring_values,
-                                                    self.ring_positions)), self.length)
+                                                    self.ring_positions)), self.length, self.full_first)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.full_keys, self.full_values, self.ring_keys,
@@ -157,7 +169,8 @@ class ElasticCacheLayer(CacheLayerMixin):
             count = span.query_count
             new_keys = key_states[span.row, :, span.first_query_row : span.first_query_row + count]
             new_values = value_states[span.row, :, span.first_query_row : span.first_query_row + count]
-            self._append_full(store, new_keys[store.full_heads], new_values[store.full_heads])
+            self._append_full(store, new_keys[store.full_heads], new_values[store.full_heads],
+                              self.cache.model_window)
             self._staged.append(StagedEntries(new_keys[store.ring_heads], new_values[store.ring_heads], store.length))
             store.length += count
         self.physical_length += key_states.shape[2]
@@ -299,11 +312,11 @@ class ElasticCacheLayer(CacheLayerMixin):
         rule = dict(sink_tokens=window.sink_tokens, local_tokens=window.local_tokens, scale=scale,
                     softcap=self.cache.softcap, window_tokens=self.cache.model_window)
         if store.full_heads.numel():
-            heads = store.full_heads
+            heads, kept = store.full_heads, store.full_count
             result[heads] = token_attention(
-                queries[heads], store.full_keys[:, :length], store.full_values[:, :length], query_positions,
-                torch.arange(length, device=queries.device), torch.zeros_like(heads, dtype=torch.bool), **rule,
-                sinks=None if sinks is None else sinks[heads],
+                queries[heads], store.full_keys[:, :kept], store.full_values[:, :kept], query_positions,
+                torch.arange(store.full_first, length, device=queries.device),
+                torch.zeros_like(heads, dtype=torch.bool), **rule, sinks=None if sinks is None else sinks[heads],
             )
         if store.ring_heads.numel():
             heads = store.ring_heads
@@ -349,7 +362,7 @@ class ElasticCacheLayer(CacheLayerMixin):
     def _reserve_step(self) -> None:
         """Make room for one more entry in every store; storage that moves invalidates the address table."""
         for store in self.sequences:
-            moved_full = self._reserve_full(store, store.length + 1, spare=True)
+            moved_full = self._reserve_full(store, store.full_count + 1, spare=True)
             if self._reserve_ring(store, store.length + 1, spare=True) or moved_full:
                 self._segments = None
         if self._segments is None:
@@ -478,18 +491,39 @@ class ElasticCacheLayer(CacheLayerMixin):
         for name in ("full_keys", "full_values"):
             old = getattr(store, name)
             grown = old.new_zeros(old.shape[0], capacity, old.shape[2])
-            grown[:, : store.length] = old[:, : store.length]
+            grown[:, : store.full_count] = old[:, : store.full_count]
             setattr(store, name, grown)
         return True
 
+    @staticmethod
+    def _forget_outside_window(store: SequenceStore, window: int) -> None:
+        """Under a model window, drop the full store's entries that no query from position ``length`` on can see
+        (positions <= length - window), once there are at least ``window`` of them, into storage for about twice the
+        window: the store then holds at most about 2 x window entries after a prompt, copied once per ``window``
+        steps."""
+        drop = store.length - window + 1 - store.full_first
+        if drop < window:
+            return
+        kept = store.full_count - drop
+        for name in ("full_keys", "full_values"):
+            old = getattr(store, name)
+            fresh = old.new_zeros(old.shape[0], max(2 * window, kept + 1), old.shape[2])
+            fresh[:, :kept] = old[:, drop : drop + kept]
+            setattr(store, name, fresh)
+        store.full_first += drop
+
     @classmethod
-    def _append_full(cls, store: SequenceStore, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def _append_full(cls, store: SequenceStore, keys: torch.Tensor, values: torch.Tensor,
+                     window: int | None = None) -> None:
         if not store.full_heads.numel():
             return
-        needed = store.length + keys.shape[1]
+        if window is not None:
+            cls._forget_outside_window(store, window)
+        kept = store.full_count
+        needed = kept + keys.shape[1]
         cls._reserve_full(store, needed, spare=keys.shape[1] == 1)
-        store.full_keys[:, store.length : needed] = keys
-        store.full_values[:, store.length : needed] = values
+        store.full_keys[:, kept:needed] = keys
+        store.full_values[:, kept:needed] = values
 
 
 class ElasticCache(Cache):
