@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from elastic_attention.errors import ConfigError
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.backbone import build_backbone, build_backbone_config, save_backbone
-from elastic_attention.training.checkpoint import flatten_optimizer, load_latest, save_checkpoint, unflatten_optimizer
+from elastic_attention.training.checkpoint import flatten_optimizer, save_checkpoint, unflatten_optimizer
 from elastic_attention.training.data import IGNORE_INDEX
 from elastic_attention.training.distributed import training_device
 from elastic_attention.training.metrics_log import append_metrics, open_tensorboard, rewrite_metrics
@@ -41,7 +41,7 @@ from elastic_attention.training.pretrain_config import PRETRAIN_RESUMABLE, Pretr
 from elastic_attention.training.pretrain_data import StepBatches
 from elastic_attention.training.pretrain_eval import dense_query_accuracy, evaluate_tasks
 from elastic_attention.training.plots import plot_pretraining, write_plot
-from elastic_attention.training.run_folder import MODEL_STAGING, check_resumable, claim_run_folder
+from elastic_attention.training.run_folder import MODEL_STAGING, claim_run_folder, load_for_resume
 from elastic_attention.training.schedule import cosine_decay, linear_warmup
 
 logger = logging.getLogger(__name__)
@@ -219,13 +219,10 @@ class PretrainRecipe:
 
     def _restore(self) -> bool:
         """Load the latest checkpoint; False when there is none."""
-        found = load_latest(self.output_dir / "checkpoints")
+        found = load_for_resume(self.output_dir, self.config.to_dict(), PRETRAIN_RESUMABLE)
         if found is None:
-            logger.warning("--resume: no checkpoint under %s; starting from step 0", self.output_dir)
             return False
         step, tensors, scalars = found
-        check_resumable(scalars["config"], self.config.to_dict(), self.output_dir / "checkpoints",
-                        PRETRAIN_RESUMABLE)
         with torch.no_grad():
             for name, parameter in self.model.named_parameters():
                 parameter.copy_(tensors[f"model.{name}"])

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_attention.errors import ConfigError
+from elastic_attention.training.checkpoint import load_latest
 
 logger = logging.getLogger(__name__)
 
@@ -67,3 +68,14 @@ def check_resumable(saved: dict[str, Any], current: dict[str, Any], source: Path
             f"--resume: the checkpoint at {source} was made with other settings ({'; '.join(differences)}); resume "
             "with the run's settings, or start a new run in another output_dir"
         )
+
+
+def load_for_resume(output_dir: Path, current: dict[str, Any], resumable: frozenset[str] = RESUMABLE_CHANGES):
+    """(step, tensors, scalars) of a run folder's newest checkpoint (under ``checkpoints/``) once its config is
+    checked against ``current`` (`check_resumable`); None, with a warning, when there is none."""
+    found = load_latest(output_dir / "checkpoints")
+    if found is None:
+        logger.warning("--resume: no checkpoint under %s; starting from step 0", output_dir)
+        return None
+    check_resumable(found[2]["config"], current, output_dir / "checkpoints", resumable)
+    return found

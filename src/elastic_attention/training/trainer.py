@@ -23,7 +23,7 @@ from elastic_attention.adapters import router_state_dict, save_router
 from elastic_attention.integration import attach, is_attached, routers_of, routing_report, runtime_of
 from elastic_attention.integration.runtime import NOISE_SEED_KWARG, PROMPT_LENGTHS_KWARG
 from elastic_attention.io import atomic_write_text
-from elastic_attention.training.checkpoint import flatten_optimizer, load_latest, save_checkpoint, unflatten_optimizer
+from elastic_attention.training.checkpoint import flatten_optimizer, save_checkpoint, unflatten_optimizer
 from elastic_attention.training.train_config import SUITE_SOURCES, TrainConfig
 from elastic_attention.training.plots import plot_training, write_plot
 from elastic_attention.training.distributed import (
@@ -38,7 +38,7 @@ from elastic_attention.rows import encode_row
 from elastic_attention.training.data import IGNORE_INDEX, Pack, load_rows, pack_rows
 from elastic_attention.training.metrics_log import append_metrics, open_tensorboard, rewrite_metrics
 from elastic_attention.training.objective import SparsityObjective
-from elastic_attention.training.run_folder import check_resumable, claim_run_folder
+from elastic_attention.training.run_folder import claim_run_folder, load_for_resume
 from elastic_attention.training.schedule import cosine_decay, linear_warmup
 
 logger = logging.getLogger(__name__)
@@ -314,12 +314,10 @@ class RouterTrainer:
 
     def _restore(self) -> bool:
         """Load the latest checkpoint; False when there is none."""
-        found = load_latest(self.output_dir / "checkpoints")
+        found = load_for_resume(self.output_dir, self.config.to_dict())
         if found is None:
-            logger.warning("--resume: no checkpoint under %s; starting from step 0", self.output_dir)
             return False
         step, tensors, scalars = found
-        check_resumable(scalars["config"], self.config.to_dict(), self.output_dir / "checkpoints")
         with torch.no_grad():
             for name, parameter in self.model.named_parameters():
                 if parameter.requires_grad:
