@@ -27,8 +27,10 @@ _RECOMPILE_LIMIT = 64
 # `scripts/flex_kernel_sweep.py` measures candidates; the winners go here with the run that chose them.
 KERNEL_OPTIONS: dict[tuple[int, int, int], dict] = {
     # Hopper, head_dim 128, block 128: 9% less time than torch's default (BLOCK_N 64, 3 stages, no TMA) over 32K and
-    # 128K at MSR 0.5 (H200, 2026-12-01, benchmarks/results/flex_sweep_2026-12-01.json).
-    (9, 128, 128): {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 2, "num_warps": 8, "USE_TMA": True},
+    # 128K at MSR 0.5 (H200, 2026-12-01, benchmarks/results/flex_sweep_2026-12-01.json). Forward only (``fwd_``):
+    # the backward kernel keeps torch's choice, which the sweep did not measure.
+    (9, 128, 128): {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 128, "fwd_num_stages": 2, "fwd_num_warps": 8,
+                    "fwd_USE_TMA": True},
 }
 
 
