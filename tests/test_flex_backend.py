@@ -56,16 +56,19 @@ def test_soft_capped_padded_prefill_matches_the_reference(group):
     assert (expected - plain).abs().max() > 0.05
 
 
+@pytest.mark.parametrize("configuration", ["fa-ssa", "fa-xa"])
 @pytest.mark.parametrize("group", [1, 4])
 @pytest.mark.parametrize("window", [19, 40])
-def test_a_model_window_on_a_padded_batch_and_a_decode_step_matches_the_reference(group, window):
+def test_a_model_window_on_a_padded_batch_and_a_decode_step_matches_the_reference(configuration, group, window):
     torch.manual_seed(group + window)
-    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=32)
+    config = ElasticConfig(configuration=configuration, block_size=16, sink_tokens=16, local_tokens=32, xa_stride=4,
+                           xa_threshold=0.8)
     mask = torch.ones(2, 93, dtype=torch.bool)
     mask[1, :23] = False
     query = torch.randn(2, 2 * group, 93, 32)
     key, value = torch.randn(2, 2, 2, 93, 32)
-    modes = torch.tensor([[FULL, 1], [1, FULL]])
+    sparse = MODE_CODES[config.sparse_mode]
+    modes = torch.tensor([[FULL, sparse], [sparse, FULL]])
     actual, expected = run_both(query, key, value, SequenceLayout.from_padding_mask(mask), modes, config,
                                 window_tokens=window)
     torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
