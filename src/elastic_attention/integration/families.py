@@ -49,9 +49,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "gpt_oss": FamilySpec(attention_sinks=True),
 }
 
-#: model_type -> the attention feature of the family that no backend here implements (none at present).
-UNSUPPORTED_FEATURES: dict[str, str] = {}
-
 #: The model's layer types, as this package names them.
 _LAYER_KINDS = {"full_attention": "full", "sliding_attention": "sliding"}
 
@@ -60,11 +57,6 @@ def family_of(model: nn.Module) -> tuple[str, FamilySpec]:
     """The family of a Hugging Face model, or a refusal that says which families are supported."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type in UNSUPPORTED_FEATURES:
-        raise UnsupportedModelError(
-            f"model_type {model_type!r} uses {UNSUPPORTED_FEATURES[model_type]}, which elastic attention's backends "
-            "do not implement"
-        )
     if model_type not in FAMILIES:
         raise UnsupportedModelError(
             f"model_type {model_type!r} is not supported by elastic attention; supported: {sorted(FAMILIES)}. "
