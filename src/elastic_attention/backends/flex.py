@@ -115,7 +115,7 @@ class FlexBackend:
 
         window = tables.window_tokens
         # A tensor, like the lengths: a Python int here made torch's CPU flex template fail to compile (torch 2.13).
-        window_size = torch.tensor(window if window is not None else 0, device=device)
+        window_size = None if window is None else torch.tensor(window, device=device)
 
         def causal_within_sequence(batch, head, query_index, key_index):
             position = query_index + query_offsets[batch]

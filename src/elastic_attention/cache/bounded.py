@@ -245,7 +245,7 @@ class ElasticCacheLayer(CacheLayerMixin):
                     continue
                 queries = query[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
                 result = output[row, :, first_row : first_row + count].unflatten(0, (num_kv, group))
-                if self.cache.softcap is not None or sinks is not None or self.cache.model_window is not None:
+                if self.cache.explicit_attention:
                     self._attend_explicit(store, staged, queries, result, scale,
                                           None if sinks is None else sinks.view(num_kv, group))
                 elif count == 1:
@@ -559,9 +559,10 @@ class ElasticCache(Cache):
         #: The model's attention-logit soft-cap (None: none), whether it has attention sinks, and its sliding window
         #: on every layer (None: none): with any of them every step runs in torch (`token_attention`), never fused.
         self.softcap: float | None = runtime.softcap
-        self.has_sinks: bool = runtime.has_sinks
         self.model_window: int | None = runtime.model_window
-        self.fused_decode = fused_decode and self.softcap is None and not self.has_sinks and self.model_window is None
+        #: True when steps must attend through `token_attention` (soft-cap, sinks or a model window).
+        self.explicit_attention = self.softcap is not None or runtime.has_sinks or self.model_window is not None
+        self.fused_decode = fused_decode and not self.explicit_attention
         # A model's sliding-window layers keep their own attention, so they keep transformers' own window cache.
         super().__init__(layers=[
             DynamicSlidingWindowLayer(sliding_window=runtime.sliding_window) if index in runtime.sliding_layers

@@ -60,8 +60,9 @@ def elastic_attention_forward(
         )
     if (s_aux is not None) != runtime.has_sinks:
         raise InputError(
-            f"layer {module.layer_idx} {'brings' if s_aux is not None else 'lacks'} attention sinks, which the "
-            "model's family row in elastic_attention.integration.families says it does not (or does)"
+            f"layer {module.layer_idx} {'passes' if s_aux is not None else 'does not pass'} attention sinks (s_aux), "
+            f"but its family row in elastic_attention.integration.families has attention_sinks={runtime.has_sinks}; "
+            "correct the row"
         )
     if module.layer_idx in runtime.sliding_layers:  # the model's own attention, with the model's mask and cache
         if softcap is not None or s_aux is not None:  # SDPA has neither

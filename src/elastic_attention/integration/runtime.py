@@ -142,19 +142,6 @@ class ElasticRuntime:
     def backend(self) -> AttentionBackend:
         return self.hybrid.backend
 
-    def _full_cache_for_a_window(self, kwargs: dict) -> bool:
-        """With ``cache_kind="full"`` on a model with a window on every layer, give the prefill a cache that keeps
-        every key: Hugging Face's cache for such a model keeps only the window, while the token-rule attention over
-        a cached past reads the keys at their positions from 0. Returns True when ``kwargs`` now carries it."""
-        if self.model_window is None:
-            return False
-        from transformers.cache_utils import DynamicCache
-
-        names = [name for name in ("cache", "past_key_values") if name in kwargs] or [
-            "cache" if "cache" in self._decoder_parameters else "past_key_values"]
-        kwargs[names[0]] = DynamicCache()
-        return True
-
     def select_sequences(self, index: torch.Tensor) -> None:
         """Keep the routing of the sequences at ``index`` ([N'] int64, repeats allowed), in that order (what a
         reordered, repeated or trimmed cache needs for its later decode steps)."""
@@ -213,7 +200,8 @@ class ElasticRuntime:
         return (args, kwargs) if replaced or passed else None
 
     def _choose_cache(self, decoder: nn.Module, bound: dict, cache, past: int, kwargs: dict) -> bool:
-        """Set ``self.cache`` for this forward; returns True when ``kwargs`` now carries a new `ElasticCache`."""
+        """Set ``self.cache`` for this forward; returns True when ``kwargs`` now carries a new cache (an `ElasticCache`,
+        or for ``cache="full"`` on a model with a window on every layer, one that keeps every key)."""
         from elastic_attention.cache import ElasticCache
 
         if isinstance(cache, ElasticCache):
@@ -227,16 +215,23 @@ class ElasticRuntime:
             use_cache = getattr(decoder.config, "use_cache", True)
         if decoder.training or not use_cache or past != 0:
             return False
-        if self.cache_kind != "bounded":
-            return self._full_cache_for_a_window(kwargs)
+        if self.cache_kind != "bounded" and self.model_window is None:
+            return False
         # transformers renamed the decoder's `past_key_values` argument to `cache`; use whichever the call uses.
         names = [name for name in ("cache", "past_key_values") if name in kwargs]
         if not names:
             if cache is not None:
                 return False
             names = ["cache" if "cache" in self._decoder_parameters else "past_key_values"]
-        self.cache = ElasticCache(self)
-        kwargs[names[0]] = self.cache
+        if self.cache_kind == "bounded":
+            self.cache = ElasticCache(self)
+            kwargs[names[0]] = self.cache
+        else:
+            # ``cache="full"`` on a model with a window on every layer: Hugging Face's cache for it keeps only the
+            # window, while the token-rule attention over a cached past reads the keys at their positions from 0.
+            from transformers.cache_utils import DynamicCache
+
+            kwargs[names[0]] = DynamicCache()
         return True
 
     def after_key_source(self, layer_index: int, output: torch.Tensor) -> None:
