@@ -70,6 +70,15 @@ def dense_baselines(query, key, value, device: torch.device, repeats: int) -> di
     return result
 
 
+def copy_bandwidth(device: torch.device, gib: float = 2.0, repeats: int = 10) -> float:
+    """Bytes per second a device-to-device copy of ``gib`` GiB moves (bytes read plus bytes written), the median of
+    ``repeats``: the bandwidth bound of a memory-bound step."""
+    source = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    seconds = timed(lambda: target.copy_(source), device, repeats)
+    return 2 * source.numel() / seconds
+
+
 def parse_tokens(text: str) -> list[int]:
     """``"8k,32k,1000,1m"`` -> [8192, 32768, 1000, 1048576] (each read by the CLI's `parse_length`)."""
     return [parse_length(part) for part in text.split(",")]

@@ -36,6 +36,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
 from elastic_attention.cache.triton_decode import (
+    DecodeKernelOptions,
     DecodeSegments,
     decode_step,
     triton_decode_available,
@@ -132,6 +133,9 @@ class ElasticCacheLayer(CacheLayerMixin):
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         #: Decode steps this layer ran through the fused kernels.
         self.fused_steps = 0
+        #: In static mode (`ElasticCache.begin_static`): (capacity, entries of all segments when it began), which fix
+        #: the fused kernel's key splits; None otherwise.
+        self._static: tuple[int, int] | None = None
 
     # -- the Hugging Face layer interface ------------------------------------------------------------------------
 
@@ -147,6 +151,11 @@ class ElasticCacheLayer(CacheLayerMixin):
         layout = self.cache.layout
         if layout is None or key_states.shape[2] != layout.query_len:
             raise InputError("ElasticCache.update got states that do not match the current forward's inputs")
+        if self._static is not None:
+            if key_states.shape[0] != len(self.sequences) or not self._is_fused_decode_step(layout, key_states):
+                raise InputError("a static decode step takes one new token per sequence, every batch row kept")
+            self._pending = (key_states, value_states)
+            return key_states, value_states
         if not self.sequences:
             self.sequences = [self._new_store(n, key_states) for n in range(layout.num_sequences)]
         elif len(self.sequences) != layout.num_sequences:
@@ -186,18 +195,18 @@ class ElasticCacheLayer(CacheLayerMixin):
 
     def get_seq_length(self) -> int:
         """Length of the key axis seen so far (padding included), as Hugging Face counts it."""
-        return self.physical_length
+        return self.physical_length + self.cache.static_steps
 
     def get_mask_sizes(self, query_length, *args, **kwargs) -> tuple[int, int]:
         length = query_length.shape[0] if isinstance(query_length, torch.Tensor) else int(query_length)
-        return self.physical_length + length, 0
+        return self.get_seq_length() + length, 0
 
     def get_max_length(self) -> int:
         return -1 if self.cache.max_length is None else self.cache.max_length
 
     def reset(self) -> None:
         self.sequences, self._staged, self.physical_length = [], [], 0
-        self._segments, self._pending = None, None
+        self._segments, self._pending, self._static = None, None, None
         self.is_initialized = False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -349,6 +358,35 @@ class ElasticCacheLayer(CacheLayerMixin):
             filled = None if store.length >= window.sink_tokens + window.local_tokens else store.ring_positions >= 0
             result[heads] = attend_single_query(queries[heads], store.ring_keys, store.ring_values, scale, filled)
 
+    # -- static mode (captured decode steps) ---------------------------------------------------------------------
+
+    def begin_static(self, capacity: int) -> None:
+        """Preallocate every store for positions ``0 .. capacity - 1`` (a ring at ``min(capacity, sink + local)``
+        slots) and build the address table once; until `end_static` a step only writes device state (the kernels
+        count each segment's length), so it can be captured and replayed."""
+        self.commit()
+        ring_size = self.cache.window.sink_tokens + self.cache.window.local_tokens
+        total = 0
+        for store in self.sequences:
+            self._reserve_full(store, capacity - store.full_first, spare=False)
+            self._reserve_ring(store, capacity, spare=False)
+            total += store.full_heads.numel() * store.full_count + store.ring_heads.numel() * min(store.length,
+                                                                                                  ring_size)
+        self._segments = self._build_segments()
+        self._static = (capacity, total)
+
+    def end_static(self, steps: int) -> None:
+        """Leave static mode after ``steps`` replayed steps: count them in the host-side lengths."""
+        for store in self.sequences:
+            store.length += steps
+        self.physical_length += steps
+        self.fused_steps += steps
+        self._static = None
+
+    def device_lengths(self) -> torch.Tensor:
+        """int64 [N * Hkv] each segment's length on the device (static mode), which every step advances."""
+        return self._segments.lengths
+
     # -- the fused decode step ----------------------------------------------------------------------------------
 
     def _is_fused_decode_step(self, layout, key_states: torch.Tensor) -> bool:
@@ -399,11 +437,18 @@ class ElasticCacheLayer(CacheLayerMixin):
     def _attend_fused(self, query: torch.Tensor, scale: float) -> torch.Tensor:
         """The fused decode step: write every sequence's new entries and attend them, one launch."""
         (keys, values), self._pending = self._pending, None
-        self.fused_steps += 1
         window = self.cache.window
-        max_entries = max(store.length for store in self.sequences)  # counting this step's entry
+        if self._static is not None:  # the steps are counted when static mode ends
+            max_entries, total_entries = self._static
+        else:
+            self.fused_steps += 1
+            ring_size = window.sink_tokens + window.local_tokens
+            max_entries = max(store.length for store in self.sequences)  # counting this step's entry
+            total_entries = sum(store.full_heads.numel() * store.full_count
+                                + store.ring_heads.numel() * min(store.length, ring_size) for store in self.sequences)
         return decode_step(query, keys, values, self._segments, scale, sink_tokens=window.sink_tokens,
-                           local_tokens=window.local_tokens, max_entries=max_entries)
+                           local_tokens=window.local_tokens, max_entries=max_entries, total_entries=total_entries,
+                           options=self.cache.kernel_options)
 
     def commit(self) -> None:
         """Write the staged entries of the streaming heads into their rings (sink slots and the window)."""
@@ -541,9 +586,13 @@ class ElasticCache(Cache):
         max_length: most tokens per sequence (None: grows as needed); exceeding it raises.
         fused_decode: decode steps through the fused Triton kernels where they can run (a CUDA GPU with Triton);
             False keeps the per-sequence torch path everywhere.
+        cuda_graphs: decode steps captured once as a CUDA graph and replayed (`integration.decode_graph`) where the
+            fused kernels run; None takes the model's setting (``attach(..., cuda_graphs=...)``, default True).
+        kernel_options: launch options of the fused decode kernel (None: `triton_decode.DEFAULT_KERNEL_OPTIONS`).
     """
 
-    def __init__(self, model, max_length: int | None = None, fused_decode: bool = True) -> None:
+    def __init__(self, model, max_length: int | None = None, fused_decode: bool = True,
+                 cuda_graphs: bool | None = None, kernel_options: DecodeKernelOptions | None = None) -> None:
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 1):
             raise InputError(f"`max_length` must be a positive number of tokens or None, got {max_length!r}")
@@ -563,6 +612,14 @@ class ElasticCache(Cache):
         #: True when steps must attend through `token_attention` (soft-cap, sinks or a model window).
         self.explicit_attention = self.softcap is not None or runtime.has_sinks or self.model_window is not None
         self.fused_decode = fused_decode and not self.explicit_attention
+        self.cuda_graphs = runtime.cuda_graphs if cuda_graphs is None else cuda_graphs
+        self.kernel_options = kernel_options
+        #: Static mode (`begin_static`): the capacity in positions per sequence, else None; and the steps replayed
+        #: since it began, which every layer's host-side lengths leave out until `end_static`.
+        self.static_capacity: int | None = None
+        self.static_steps = 0
+        #: The captured decode step that replays this cache (set by `integration.decode_graph`; None without one).
+        self.decode_graph = None
         # A model's sliding-window layers keep their own attention, so they keep transformers' own window cache.
         super().__init__(layers=[
             DynamicSlidingWindowLayer(sliding_window=runtime.sliding_window) if index in runtime.sliding_layers
@@ -584,29 +641,87 @@ class ElasticCache(Cache):
         streaming = self._streaming.get(layer_index)
         return torch.zeros(num_kv_heads, dtype=torch.bool) if streaming is None else streaming[sequence]
 
+    # -- static mode -----------------------------------------------------------------------------------------------
+
+    @property
+    def can_be_static(self) -> bool:
+        """True when decode steps can run in static mode: every layer bounded (no sliding-window layer), prefilled,
+        its steps on the fused kernels."""
+        layers = self._elastic_layers
+        return (self.fused_decode and len(layers) == len(self.layers) and bool(layers[0].sequences)
+                and triton_decode_available(layers[0].device, layers[0].dtype))
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._elastic_layers[0].sequences)
+
+    @property
+    def longest(self) -> int:
+        """Tokens of the longest sequence so far (static steps included)."""
+        return max(store.length for store in self._elastic_layers[0].sequences) + self.static_steps
+
+    def begin_static(self, capacity: int) -> None:
+        """Enter static mode: storage for ``capacity`` positions per sequence, allocated now, and an address table
+        that stays put, so that decode steps can be captured and replayed (`integration.decode_graph`). Every
+        forward that is not a static step (and any reorder or reset) ends it first.
+
+        Raises:
+            InputError: the cache cannot be static (`can_be_static`), is already, or ``capacity`` leaves no room
+                for another token or exceeds ``max_length``.
+        """
+        if self.static_capacity is not None or not self.can_be_static:
+            raise InputError("this cache is already static or cannot be (it needs fused decode steps on every "
+                             "layer, after a prefill)")
+        if capacity <= self.longest or (self.max_length is not None and capacity > self.max_length):
+            raise InputError(f"static capacity {capacity} must exceed the longest sequence ({self.longest} tokens) "
+                             f"and stay within max_length ({self.max_length})")
+        for layer in self._elastic_layers:
+            layer.begin_static(capacity)
+        self.static_capacity, self.static_steps = capacity, 0
+
+    def end_static(self) -> None:
+        """Leave static mode (nothing happens outside it): the host-side lengths count the replayed steps again and
+        the captured step is dropped."""
+        if self.static_capacity is None:
+            return
+        for layer in self._elastic_layers:
+            layer.end_static(self.static_steps)
+        self.static_capacity, self.static_steps, self.decode_graph = None, 0, None
+
+    def device_lengths(self) -> list[torch.Tensor]:
+        """Per layer, each segment's length on the device (static mode); see `ElasticCacheLayer.device_lengths`."""
+        return [layer.device_lengths() for layer in self._elastic_layers]
+
+    def reset(self) -> None:
+        self.end_static()
+        super().reset()
+
     def _select(self, index: torch.Tensor) -> None:
         index = index.to("cpu")
         self._streaming = {layer: streaming.index_select(0, index) for layer, streaming in self._streaming.items()}
         self.runtime.select_sequences(index)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.end_static()
         super().reorder_cache(beam_idx)
         self._select(beam_idx)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.end_static()
         super().batch_select_indices(indices)
         self._select(indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
+        self.end_static()
         sequences = len(self._elastic_layers[0].sequences)
         super().batch_repeat_interleave(repeats)
         self._select(torch.arange(sequences).repeat_interleave(repeats))
 
     @property
     def fused_decode_steps(self) -> int:
-        """Decode steps that ran through the fused kernels (those of the first routed layer; every one takes the same
-        path)."""
-        return self._elastic_layers[0].fused_steps
+        """Decode steps that ran through the fused kernels, replayed ones included (those of the first routed layer;
+        every one takes the same path)."""
+        return self._elastic_layers[0].fused_steps + self.static_steps
 
     def nbytes(self) -> int:
         """Bytes held by the stored keys, values and ring positions, all layers (sliding-window layers included)."""

@@ -30,8 +30,31 @@ from elastic_attention.errors import InputError
 
 import importlib.util
 
-#: Keys per block of the attention kernel's inner loop.
-_BLOCK_KEYS = 64
+
+
+@dataclass(frozen=True)
+class DecodeKernelOptions:
+    """How `decode_step` launches its kernel (`scripts/decode_kernel_sweep.py` measures the choices on a GPU).
+
+    Attributes:
+        block_keys: keys per block of the attention loop (a power of two, at least 16).
+        num_warps, num_stages: Triton's launch options of the step kernel.
+        programs_per_processor: how many programs per SM the key splits aim at, counted over the entries of every
+            segment (a short ring needs one program, a long full store many).
+        max_splits: at most this many splits per segment (the last to finish merges them all).
+    """
+
+    block_keys: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_processor: int = 4
+    max_splits: int = 128
+
+
+#: The options `decode_step` uses unless given others.
+DEFAULT_KERNEL_OPTIONS = DecodeKernelOptions()
+#: Splits merged per iteration of the merge.
+_MERGE_BLOCK = 16
 
 
 def triton_decode_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -107,7 +130,8 @@ def write_step_entries(new_keys: torch.Tensor, new_values: torch.Tensor, segment
 
 
 def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor, segments: DecodeSegments,
-                scale: float, *, sink_tokens: int, local_tokens: int, max_entries: int) -> torch.Tensor:
+                scale: float, *, sink_tokens: int, local_tokens: int, max_entries: int,
+                total_entries: int | None = None, options: DecodeKernelOptions | None = None) -> torch.Tensor:
     """One decode step of a layer in one launch: write each segment's new entry (as `write_step_entries`), attend the
     step's query to every entry the segment keeps (all of a full store, the filled slots of a ring, the new entry
     among them), and count the entry (``segments.lengths += 1``).
@@ -117,7 +141,10 @@ def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.T
         new_keys, new_values: [B, Hkv, 1, D], the step's entries; B * Hkv = number of segments.
         segments: the layer's segments, ``lengths`` as before the step.
         sink_tokens, local_tokens: a ring's sizes (it keeps positions [0, sink) and the last ``local``).
-        max_entries: an upper bound on any segment's entries after the step (sets the key splits).
+        max_entries: an upper bound on any segment's entries after the step (with ``total_entries`` it sets the key
+            splits; any larger bound gives the same result, so a captured step may pass its capacity).
+        total_entries: about how many entries all segments attend together (None: ``max_entries`` per segment).
+        options: launch options (None: `DEFAULT_KERNEL_OPTIONS`).
 
     Returns:
         [B, Hq, 1, D] in the query's dtype; softmax in float32.
@@ -132,7 +159,10 @@ def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.T
         )
     group = num_query_heads // num_kv
     num_segments = segments.num_segments
-    splits, keys_per_split = _key_splits(max_entries, num_segments, query.device)
+    options = options or DEFAULT_KERNEL_OPTIONS
+    if total_entries is None:
+        total_entries = max_entries * num_segments
+    splits, keys_per_split = _key_splits(max_entries, total_entries, options, query.device)
     block_group = _pow2(group, 16)
     partial = torch.empty(num_segments, splits, group, head_dim, device=query.device, dtype=torch.float32)
     maxima = torch.empty(num_segments, splits, group, device=query.device, dtype=torch.float32)
@@ -145,9 +175,10 @@ def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.T
         new_values.stride(0), new_values.stride(1), num_kv, segments.key_addresses, segments.value_addresses,
         segments.position_addresses, segments.lengths, segments.arrivals, sink_tokens, local_tokens, keys_per_split,
         partial, maxima, sums, output, output.stride(0), output.stride(1), scale, splits,
-        GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim, 16), BLOCK_N=_BLOCK_KEYS,
-        ALIGNED=segments.aligned and head_dim % 8 == 0,
+        GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim, 16), BLOCK_N=options.block_keys,
+        BLOCK_S=_MERGE_BLOCK, ALIGNED=segments.aligned and head_dim % 8 == 0,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=options.num_warps, num_stages=options.num_stages,
     )
     return output
 
@@ -171,12 +202,14 @@ def _processors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def _key_splits(max_entries: int, num_segments: int, device: torch.device) -> tuple[int, int]:
-    """(splits, keys per split): about two programs per SM in all, each over whole key blocks."""
-    programs = 2 * _processors(device)
-    blocks = _ceil_div(max(1, max_entries), _BLOCK_KEYS)
-    splits = max(1, min(blocks, _ceil_div(programs, num_segments)))
-    keys_per_split = _ceil_div(blocks, splits) * _BLOCK_KEYS
+def _key_splits(max_entries: int, total_entries: int, options: DecodeKernelOptions,
+                device: torch.device) -> tuple[int, int]:
+    """(splits, keys per split): about ``options.programs_per_processor`` programs per SM over all the step's entries
+    (each program over whole key blocks), at most ``options.max_splits`` splits per segment."""
+    block = options.block_keys
+    programs = options.programs_per_processor * _processors(device)
+    keys_per_split = _ceil_div(_ceil_div(max(1, total_entries), programs), block) * block
+    keys_per_split = max(keys_per_split, _ceil_div(_ceil_div(max(1, max_entries), options.max_splits), block) * block)
     return _ceil_div(max(1, max_entries), keys_per_split), keys_per_split
 
 

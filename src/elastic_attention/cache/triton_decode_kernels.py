@@ -56,8 +56,8 @@ def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key
                  value_stride_b, value_stride_h, num_kv, key_addresses, value_addresses, position_addresses,
                  lengths, arrivals, sink, local, keys_per_split, partial, maxima, sums, output, output_stride_b,
                  output_stride_h, scale, splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+                 ALIGNED: tl.constexpr, PRECISION: tl.constexpr):
     segment, split = tl.program_id(0), tl.program_id(1)
     batch_row, head = segment // num_kv, segment % num_kv
     length = tl.load(lengths + segment)  # before the step; only this segment's last split changes it
@@ -112,30 +112,36 @@ def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key
     if tl.atomic_add(arrivals + segment, 1, sem="acq_rel") == splits - 1:  # the last split merges
         tl.debug_barrier()
         _merge_splits(partial, maxima, sums, output, output_stride_b, output_stride_h, segment, batch_row, head,
-                      splits, GROUP, BLOCK_G, HEAD_DIM, BLOCK_D)
+                      splits, GROUP, HEAD_DIM, BLOCK_D, BLOCK_S)
         tl.store(lengths + segment, length + 1)
         tl.atomic_xchg(arrivals + segment, 0)
 
 @triton.jit
 def _merge_splits(partial, maxima, sums, output, output_stride_b, output_stride_h, segment, batch_row, head,
-                  splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
-    g = tl.arange(0, BLOCK_G)
+                  splits, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_S: tl.constexpr):
+    """Merge a segment's key splits, query head by query head, BLOCK_S splits at a time (two passes: the largest
+    maximum, then the rescaled sums and partial outputs)."""
     d = tl.arange(0, BLOCK_D)
-    in_group, in_dim = g < GROUP, d < HEAD_DIM
-    tile_mask = in_group[:, None] & in_dim[None, :]
-    stats = segment * splits * GROUP + g  # split 0 always holds an entry (the first), so its maximum is finite
-    total_max = tl.load(maxima + stats, mask=in_group, other=0.0)
-    total_sum = tl.load(sums + stats, mask=in_group, other=1.0)
-    total = tl.load(partial + stats[:, None] * HEAD_DIM + d[None, :], mask=tile_mask, other=0.0)
-    for split in range(1, splits):
-        stats = (segment * splits + split) * GROUP + g
-        split_max = tl.load(maxima + stats, mask=in_group, other=float("-inf"))
-        new_max = tl.maximum(total_max, split_max)
-        old_weight, split_weight = tl.exp(total_max - new_max), tl.exp(split_max - new_max)
-        total_sum = total_sum * old_weight + tl.load(sums + stats, mask=in_group, other=0.0) * split_weight
-        split_total = tl.load(partial + stats[:, None] * HEAD_DIM + d[None, :], mask=tile_mask, other=0.0)
-        total = total * old_weight[:, None] + split_total * split_weight[:, None]
-        total_max = new_max
-    rows = output + batch_row * output_stride_b + (head * GROUP + g[:, None]) * output_stride_h + d[None, :]
-    tl.store(rows, (total / total_sum[:, None]).to(output.dtype.element_ty), mask=tile_mask)
+    in_dim = d < HEAD_DIM
+    s = tl.arange(0, BLOCK_S)
+    for g in tl.static_range(GROUP):
+        total_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
+        for first in range(0, splits, BLOCK_S):
+            stats = (segment * splits + first + s) * GROUP + g
+            split_max = tl.load(maxima + stats, mask=first + s < splits, other=float("-inf"))
+            total_max = tl.maximum(total_max, split_max)
+        largest = tl.max(total_max, 0)  # finite: split 0 always holds an entry (the first)
+        total_sum = tl.zeros([BLOCK_S], tl.float32)
+        total = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
+        for first in range(0, splits, BLOCK_S):
+            in_splits = first + s < splits
+            stats = (segment * splits + first + s) * GROUP + g
+            weight = tl.exp(tl.load(maxima + stats, mask=in_splits, other=float("-inf")) - largest)
+            total_sum += weight * tl.load(sums + stats, mask=in_splits, other=0.0)
+            rows = tl.load(partial + stats[:, None] * HEAD_DIM + d[None, :],
+                           mask=in_splits[:, None] & in_dim[None, :], other=0.0)
+            total += weight[:, None] * rows
+        merged = tl.sum(total, 0) / tl.sum(total_sum, 0)
+        row = output + batch_row * output_stride_b + (head * GROUP + g) * output_stride_h + d
+        tl.store(row, merged.to(output.dtype.element_ty), mask=in_dim)

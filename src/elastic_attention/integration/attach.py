@@ -14,6 +14,7 @@ from elastic_attention.backends import get_backend
 from elastic_attention.attached import RUNTIME_ATTRIBUTE, attached_runtime
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import BackendUnavailableError, ConfigError, InputError, UnsupportedModelError
+from elastic_attention.integration.decode_graph import GraphedForward
 from elastic_attention.integration.families import (
     attention_modules,
     decoder_of,
@@ -51,7 +52,8 @@ AttentionMaskInterface.register(WINDOWED_ATTENTION_NAME, _sliding_layer_mask)
 
 
 def attach(
-    model: nn.Module, config: ElasticConfig | None = None, *, backend: str = "auto", cache: str = "bounded"
+    model: nn.Module, config: ElasticConfig | None = None, *, backend: str = "auto", cache: str = "bounded",
+    cuda_graphs: bool = True,
 ) -> nn.Module:
     """Attach Elastic Attention to a Hugging Face decoder, in place.
 
@@ -67,6 +69,8 @@ def attach(
             ``"reference"`` where its first choice lacks them.
         cache: ``"bounded"`` (default): `generate` and other eval-mode forwards that cache use an `ElasticCache`,
             where SSA heads keep only their sink and window; ``"full"``: the model's own cache, every key kept.
+        cuda_graphs: decode steps over the bounded cache on a CUDA GPU are captured once as a CUDA graph and
+            replayed (`integration.decode_graph`); False runs every step eagerly.
 
     Returns:
         The same model.
@@ -122,7 +126,7 @@ def attach(
         config, family, attention_backend, routers, num_kv_heads, head_dim, num_layers=len(modules), cache_kind=cache,
         sliding_window=getattr(model.config, "sliding_window", None) if "sliding" in kinds else None,
         sliding_layers=frozenset(index for index, kind in enumerate(kinds) if kind == "sliding"),
-        softcap=softcap, has_sinks=family.attention_sinks, model_window=window,
+        softcap=softcap, has_sinks=family.attention_sinks, model_window=window, cuda_graphs=cuda_graphs,
     )
     runtime.previous_implementation = model.config._attn_implementation
     runtime.requires_grad_before = frozen
@@ -137,6 +141,7 @@ def attach(
     for module in modules:
         object.__setattr__(module, RUNTIME_ATTRIBUTE, runtime)
     object.__setattr__(model, RUNTIME_ATTRIBUTE, runtime)
+    model.forward = GraphedForward(model, runtime)
     model.set_attn_implementation(WINDOWED_ATTENTION_NAME if runtime.sliding_layers else ATTENTION_NAME)
     return model
 
@@ -173,6 +178,9 @@ def detach(model: nn.Module) -> nn.Module:
     for handle in runtime.handles:
         handle.remove()
     model.__dict__.pop(RUNTIME_ATTRIBUTE, None)
+    graphed = model.__dict__.get("forward")
+    if isinstance(graphed, GraphedForward):
+        graphed.restore(model)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(runtime.requires_grad_before.get(name, True))
     model.set_attn_implementation(runtime.previous_implementation)

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 #: Forward keyword arguments of per-call facts (see `ElasticRuntime`).
 PROMPT_LENGTHS_KWARG = "elastic_prompt_lengths"
 NOISE_SEED_KWARG = "elastic_noise_seed"
+STATIC_STEP_KWARG = "elastic_static_step"
 
 
 class ElasticRuntime:
@@ -71,6 +72,8 @@ class ElasticRuntime:
       the prompt only, as they do at inference, and never see the answer.
     - ``elastic_noise_seed`` (`NOISE_SEED_KWARG`): the seed of this forward's Gumbel noise (train mode); without it
       the noise comes from torch's global generator.
+    - ``elastic_static_step`` (`STATIC_STEP_KWARG`): True for a decode step over an `ElasticCache` in static mode
+      (`decode_graph` passes it while it captures a step); any other forward over a static cache ends static mode.
     """
 
     def __init__(
@@ -88,8 +91,10 @@ class ElasticRuntime:
         softcap: float | None = None,
         has_sinks: bool = False,
         model_window: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         self.config = config
+        self.cuda_graphs = cuda_graphs
         self.num_layers = num_layers
         self.cache_kind = cache_kind
         self.sliding_window = sliding_window
@@ -154,8 +159,9 @@ class ElasticRuntime:
         in eval mode with ``cache_kind="bounded"``, give the forward an `ElasticCache` in place of an empty one."""
         if self._decoder_parameters is None:
             self._decoder_parameters = list(inspect.signature(decoder.forward).parameters)
-        passed = PROMPT_LENGTHS_KWARG in kwargs or NOISE_SEED_KWARG in kwargs
+        passed = any(name in kwargs for name in (PROMPT_LENGTHS_KWARG, NOISE_SEED_KWARG, STATIC_STEP_KWARG))
         prompt_lengths, noise_seed = kwargs.pop(PROMPT_LENGTHS_KWARG, None), kwargs.pop(NOISE_SEED_KWARG, None)
+        static_step = bool(kwargs.pop(STATIC_STEP_KWARG, False))
         bound = {**dict(zip(self._decoder_parameters, args)), **kwargs}
         inputs = bound.get("input_ids")
         if inputs is None:
@@ -164,6 +170,7 @@ class ElasticRuntime:
             raise InputError("elastic attention needs input_ids or inputs_embeds")
         batch_size, query_len = inputs.shape[0], inputs.shape[1]
         cache = bound.get("past_key_values", bound.get("cache"))
+        self._check_static(cache, static_step)
         past = int(cache.get_seq_length()) if cache is not None else 0
         if decoder.training and (bound.get("use_cache") or past) and not self._warned_train_mode_caching:
             self._warned_train_mode_caching = True
@@ -198,6 +205,15 @@ class ElasticRuntime:
             self.cache.begin_forward(layout)
         self.forward_thread = threading.get_ident()
         return (args, kwargs) if replaced or passed else None
+
+    @staticmethod
+    def _check_static(cache, static_step: bool) -> None:
+        """A static decode step needs a static cache; any other forward over a static cache ends its static mode."""
+        static = getattr(cache, "static_capacity", None) is not None
+        if static_step and not static:
+            raise InputError(f"{STATIC_STEP_KWARG}=True needs an ElasticCache in static mode (begin_static)")
+        if static and not static_step:
+            cache.end_static()
 
     def _choose_cache(self, decoder: nn.Module, bound: dict, cache, past: int, kwargs: dict) -> bool:
         """Set ``self.cache`` for this forward; returns True when ``kwargs`` now carries a new cache (an `ElasticCache`,

@@ -1,0 +1,139 @@
+"""Which launch options make the fused decode kernel fastest on this GPU, and how close to the copy bandwidth is it?
+
+Builds one decoder layer's bounded cache by hand (Hkv KV heads of head_dim D per sequence, round((1 - MSR) x Hkv)
+of them full stores of ``length`` entries, the rest rings of sink + local slots) at each (length, batch) point, and
+times `decode_step` with each candidate `DecodeKernelOptions`; a step reads every kept entry once, so its achieved
+bandwidth is those bytes over its time, next to the copy bandwidth measured in the same run. Each candidate's output
+is checked against the default options' at the first point. "fastest" is the candidate of least total time over the
+points: what `triton_decode.DEFAULT_KERNEL_OPTIONS` should hold for this GPU (or what to pass as ``kernel_options``).
+
+  python3 scripts/decode_kernel_sweep.py --lengths 32k,128k --batch 1,8 --out /tmp/decode_kernel_sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from elastic_attention.bench.timing import copy_bandwidth, parse_tokens, run_header, timed, write_result
+from elastic_attention.cache.triton_decode import DecodeKernelOptions, DecodeSegments, decode_step
+
+CANDIDATES = {
+    "default": DecodeKernelOptions(),
+    "n64_w4_s2": DecodeKernelOptions(block_keys=64, num_warps=4, num_stages=2),
+    "n64_w4_s4": DecodeKernelOptions(block_keys=64, num_warps=4, num_stages=4),
+    "n128_w4_s3": DecodeKernelOptions(block_keys=128, num_warps=4, num_stages=3),
+    "n128_w8_s3": DecodeKernelOptions(block_keys=128, num_warps=8, num_stages=3),
+    "n64_w8_s3": DecodeKernelOptions(block_keys=64, num_warps=8, num_stages=3),
+    "n64_w4_s3_p8": DecodeKernelOptions(programs_per_processor=8),
+    "n64_w4_s3_p2": DecodeKernelOptions(programs_per_processor=2),
+    "n128_w4_s3_p8_split256": DecodeKernelOptions(block_keys=128, programs_per_processor=8, max_splits=256),
+}
+
+
+def layer_cache(length: int, batch: int, args, device: torch.device):
+    """(segments, storage kept alive, max entries, total entries, bytes read by a step) of one layer's cache."""
+    generator = torch.Generator(device).manual_seed(length + batch)
+    full_per_sequence = round((1.0 - args.msr) * args.kv_heads)
+    ring_size = args.sink + args.local
+    full = torch.randn(batch * full_per_sequence, length + 256, args.head_dim, device=device, dtype=torch.bfloat16,
+                       generator=generator)
+    full_values = torch.randn_like(full)
+    rings = torch.randn(batch * (args.kv_heads - full_per_sequence), ring_size, args.head_dim, device=device,
+                        dtype=torch.bfloat16, generator=generator)
+    ring_values = torch.randn_like(rings)
+    positions = torch.arange(ring_size, device=device).repeat(rings.shape[0], 1)  # any permutation of visible ones
+    columns, next_full, next_ring, entries = [[], [], [], []], 0, 0, 0
+    for _ in range(batch):
+        for head in range(args.kv_heads):
+            if head < full_per_sequence:
+                keys, values, address = full[next_full], full_values[next_full], 0
+                next_full += 1
+                entries += length + 1
+            else:
+                keys, values = rings[next_ring], ring_values[next_ring]
+                address = positions[next_ring].data_ptr()
+                next_ring += 1
+                entries += ring_size
+            columns[0].append(keys.data_ptr())
+            columns[1].append(values.data_ptr())
+            columns[2].append(address)
+            columns[3].append(length)
+    segments = DecodeSegments.from_columns(*columns, num_kv_heads=args.kv_heads, device=device)
+    read = entries * args.head_dim * 2 * full.element_size()
+    return segments, (full, full_values, rings, ring_values, positions), length + 1, entries, read
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("32k,128k"))
+    parser.add_argument("--batch", type=lambda t: [int(b) for b in t.split(",")], default=[1, 8])
+    parser.add_argument("--msr", type=float, default=0.7)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--sink", type=int, default=128)
+    parser.add_argument("--local", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--candidates", help="comma-separated names (default: all)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    names = args.candidates.split(",") if args.candidates else list(CANDIDATES)
+    bandwidth = copy_bandwidth(device)
+    rows, totals, reference = [], {name: 0.0 for name in names}, None
+    for length in args.lengths:
+        for batch in args.batch:
+            segments, storage, max_entries, total, read = layer_cache(length, batch, args, device)
+            start = segments.lengths.clone()
+            generator = torch.Generator(device).manual_seed(7)
+            query = torch.randn(batch, args.kv_heads * args.group, 1, args.head_dim, device=device,
+                                dtype=torch.bfloat16, generator=generator)
+            new = torch.randn(2, batch, args.kv_heads, 1, args.head_dim, device=device, dtype=torch.bfloat16,
+                              generator=generator)
+            for name in names:
+                options = CANDIDATES[name]
+
+                def step():
+                    return decode_step(query, new[0], new[1], segments, args.head_dim**-0.5, sink_tokens=args.sink,
+                                       local_tokens=args.local, max_entries=max_entries + 64, total_entries=total,
+                                       options=options)
+
+                row = {"length": length, "batch": batch, "candidate": name, "options": dataclasses.asdict(options)}
+                try:
+                    output = step().float()
+                    segments.lengths.copy_(start)
+                    if reference is None or reference[0] != (length, batch):
+                        reference = ((length, batch), output)
+                    row["max_difference_vs_first"] = float((output - reference[1]).abs().max())
+                    row["step_s"] = timed(step, device, args.repeats, warmup=3)
+                    segments.lengths.copy_(start)
+                except Exception as error:  # a candidate that does not compile or launch is reported, not fatal
+                    row["error"] = f"{type(error).__name__}: {error}"[:400]
+                    totals.pop(name, None)
+                else:
+                    row["bytes_read"] = read
+                    row["achieved_bandwidth_bytes_per_s"] = read / row["step_s"]
+                    row["share_of_copy_bandwidth"] = row["achieved_bandwidth_bytes_per_s"] / bandwidth
+                    if name in totals:
+                        totals[name] += row["step_s"]
+                rows.append(row)
+                print(row, flush=True)
+            segments = None
+            del storage
+            torch.cuda.empty_cache()
+    fastest = min(totals, key=totals.get)
+    write_result(args.out, {
+        **run_header(device), "copy_bandwidth_bytes_per_s": bandwidth, "msr": args.msr, "kv_heads": args.kv_heads,
+        "group": args.group, "head_dim": args.head_dim, "sink": args.sink, "local": args.local,
+        "total_step_s": totals, "fastest": {"name": fastest, "options": dataclasses.asdict(CANDIDATES[fastest])},
+        "results": rows,
+    })
+    print(f"fastest: {fastest} {totals[fastest]:.6f} s summed; default {totals.get('default')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""Decode steps replayed as CUDA graphs: the bounded cache against the fastest dense decode, each against its
+bandwidth bound (issue 21).
+
+Builds a decoder with random bf16 weights (default: the Llama-3.1-8B shape; nothing is downloaded) and, for each
+length, prefills one random prompt of batch 1, repeats the cache along the batch to every ``--batch`` size, and
+times ``--steps`` decode steps (median, CUDA events; each step is the model's forward for one new token per
+sequence, host work included) of each kind:
+
+- ``bounded``: elastic attention attached, routing forced to ``--msr`` (FA-SSA), the `ElasticCache`; its steps
+  replay a captured graph (`integration.decode_graph`), the first step's capture left out of the timing;
+- ``bounded_eager``: the same cache with its steps run eagerly (``cuda_graphs=False``, the fused kernels);
+- ``dense``: the model without elastic attention, its own dynamic cache and SDPA as torch picks it, eagerly;
+- ``dense_static_graph``: the model without elastic attention over transformers' `StaticCache` (the dense cache
+  copied in after the prefill), its forward captured as a CUDA graph, attention by the same fused split-K decode
+  kernel over each (sequence, KV head)'s filled entries (`StaticCacheDecodeAttention`): one read of the cache per
+  step, no key/value repeated per query head (transformers' SDPA path over a static cache repeats them and masks
+  every unfilled slot; under a graph it needs a mask that changes per step).
+
+Every row carries ``bound_s``: the bytes a step must read (weights, the input embedding left out but one row; the
+cache's kept entries) over the copy bandwidth measured in the same run. ``--request LENGTH`` also times a whole
+request (one prompt of LENGTH tokens, then ``--new-tokens`` greedy tokens, batch 1, no host sync inside): bounded
+(prefill, then graphed steps) against dense at its best settings (SDPA prefill, then graphed steps over the static
+cache; and eager steps over its dynamic cache), wall seconds each.
+
+  elastic-attention bench decode-graphs --lengths 32k,128k --batch 1,8 --request 128k --new-tokens 256 \\
+      --out benchmarks/results/decode_graphs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicCache, StaticCache
+
+from elastic_attention import ElasticCache, attach, detach, force_routing
+from elastic_attention.bench.decode import batch_sizes, cache_bytes, compile_in_process
+from elastic_attention.bench.model import (
+    add_model_arguments,
+    build_model,
+    elastic_config,
+    forced_routing,
+    model_fields,
+)
+from elastic_attention.bench.timing import copy_bandwidth, parse_tokens, run_header, timed, write_result
+from elastic_attention.cache.triton_decode import DecodeKernelOptions, DecodeSegments, decode_step
+from elastic_attention.integration.decode_graph import capture_graph
+
+STATIC_ATTENTION_NAME = "static_cache_decode"
+#: SDPA's backends other than cuDNN.
+WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+class StaticCacheDecodeAttention:
+    """A decode step's attention over transformers' `StaticCache`, GQA-aware: the fused split-K kernel of
+    `cache.triton_decode` over each (sequence, KV head)'s filled entries, lengths on the device.
+
+    Registered with transformers' AttentionInterface under ``static_cache_decode``; ``prepare`` points it at a
+    filled cache before the first step (every sequence of the same length).
+    """
+
+    def __init__(self) -> None:
+        self.segments: dict[int, DecodeSegments] = {}
+        self.capacity = 0
+        self.total_entries = 0
+        self.options: DecodeKernelOptions | None = None
+
+    def prepare(self, cache: StaticCache, length: int, options: DecodeKernelOptions | None) -> None:
+        """Address tables over ``cache``'s key/value tensors [B, Hkv, capacity, D], ``length`` entries filled."""
+        self.segments, self.options = {}, options
+        for index, layer in enumerate(cache.layers):
+            keys, values = layer.keys, layer.values
+            batch, num_kv, capacity, _ = keys.shape
+            rows = [(b, h) for b in range(batch) for h in range(num_kv)]
+            self.segments[index] = DecodeSegments.from_columns(
+                [keys[b, h].data_ptr() for b, h in rows], [values[b, h].data_ptr() for b, h in rows],
+                [0] * len(rows), [length] * len(rows), num_kv_heads=num_kv, device=keys.device)
+            self.capacity, self.total_entries = capacity, len(rows) * (length + 1)
+
+    def device_lengths(self) -> list[torch.Tensor]:
+        return [segments.lengths for segments in self.segments.values()]
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        """query [B, Hq, 1, D]; key/value the cache's [B, Hkv, capacity, D] (the step's entry already written at its
+        length, which the kernel writes again). Returns ([B, 1, Hq, D], None)."""
+        segments = self.segments[module.layer_idx]
+        batch = key.shape[0]
+        positions = segments.lengths.view(batch, -1)[:, 0]  # the step's position, per sequence
+        rows = torch.arange(batch, device=key.device)
+        new_keys, new_values = key[rows, :, positions].unsqueeze(2), value[rows, :, positions].unsqueeze(2)
+        output = decode_step(query, new_keys, new_values, segments, scaling or query.shape[-1] ** -0.5,
+                             sink_tokens=0, local_tokens=1, max_entries=self.capacity,
+                             total_entries=self.total_entries, options=self.options)
+        return output.transpose(1, 2).contiguous(), None
+
+
+STATIC_ATTENTION = StaticCacheDecodeAttention()
+AttentionInterface.register(STATIC_ATTENTION_NAME, STATIC_ATTENTION)
+
+
+def read_bytes_per_step(model) -> int:
+    """Bytes of weights a decode step reads: every parameter, the input embedding table counted as one row."""
+    embedding = model.get_input_embeddings().weight
+    total = sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+    return total - embedding.numel() * embedding.element_size() + embedding.shape[1] * embedding.element_size()
+
+
+def bounded_read_bytes(cache: ElasticCache) -> int:
+    """Bytes of keys and values a decode step of the bounded cache reads: every kept entry once."""
+    ring_size = cache.window.sink_tokens + cache.window.local_tokens
+    total = 0
+    for layer in cache.layers:
+        for store in layer.sequences:
+            length = store.length + cache.static_steps
+            entries = store.full_heads.numel() * (length - store.full_first) + store.ring_heads.numel() * min(
+                length, ring_size)
+            total += entries * store.full_keys.shape[2] * 2 * store.full_keys.element_size()
+    return total
+
+
+def dense_read_bytes(model, batch: int, length: int) -> int:
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * batch * length * config.num_hidden_layers * config.num_key_value_heads * head_dim * model.dtype.itemsize
+
+
+class Stepper:
+    """Decode steps of a model over a cache: one new token per sequence (the greedy one of the last step).
+
+    Args:
+        graph_over_static: None, or a `StaticCacheDecodeAttention` whose static cache the steps replay as a
+            captured graph (the first step captures).
+    """
+
+    def __init__(self, model, cache, token: torch.Tensor, length: int, graph_over_static=None) -> None:
+        self.model, self.cache, self.length = model, cache, length
+        batch = token.shape[0]
+        self.token = token.clone()
+        self.positions = torch.full((batch, 1), length, dtype=torch.long, device=token.device)
+        self.static = graph_over_static
+        self.graph = None
+        self.logits = None
+
+    def _forward(self):
+        return self.model(input_ids=self.token, position_ids=self.positions, past_key_values=self.cache,
+                          use_cache=True, logits_to_keep=1).logits
+
+    def __call__(self) -> torch.Tensor:
+        """One step; returns its logits [B, 1, vocab]; the next step feeds their argmax."""
+        if self.static is None:
+            logits = self._forward()
+        else:
+            if self.graph is None:
+                layers = self.cache.layers
+                state = self.static.device_lengths() + [layer.cumulative_length for layer in layers]
+                self.graph, self.logits = capture_graph(self._forward, state)
+            self.graph.replay()
+            logits = self.logits
+        self.token.copy_(logits[:, -1].argmax(-1, keepdim=True))
+        self.positions.add_(1)
+        return logits
+
+
+def static_copy(model, dense: DynamicCache, length: int, capacity: int) -> StaticCache:
+    """transformers' StaticCache for ``capacity`` tokens holding the ``length`` entries of ``dense``."""
+    static = StaticCache(config=model.config, max_cache_len=capacity)
+    for index, layer in enumerate(dense.layers):
+        static.update(layer.keys[:, :, :length], layer.values[:, :, :length], index)
+    return static
+
+
+def prefill(model, prompt: torch.Tensor, cache=None):
+    """(the output of one forward over ``prompt`` [B, L] with ``cache`` (None: the model's own), seconds)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    output = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    torch.cuda.synchronize()
+    return output, time.perf_counter() - start
+
+
+def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list[dict]:
+    """Rows of ``bounded`` and ``bounded_eager`` at every batch size."""
+    length = prompt.shape[1]
+    attach(model, elastic_config(args), backend=args.backend)
+    force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
+    rows = []
+    try:
+        with torch.inference_mode():
+            output, prefill_s = prefill(model, prompt, ElasticCache(model, kernel_options=args.kernel_options))
+            cache, token = output.past_key_values, output.logits[:, -1:].argmax(-1)
+            del output
+            batch = 1
+            for size in args.batch:
+                if size > batch:
+                    cache.batch_repeat_interleave(size // batch)
+                    token, batch = token.repeat_interleave(size // batch, dim=0), size
+                for kind, graphs in (("bounded", True), ("bounded_eager", False)):
+                    cache.cuda_graphs = graphs
+                    step = Stepper(model, cache, token, cache.get_seq_length())
+                    step()  # the graphed kind captures here
+                    seconds = timed(step, prompt.device, args.steps, warmup=2)
+                    read = bounded_read_bytes(cache)
+                    rows.append(row(length, size, kind, seconds, weights, read, cache.nbytes(), bandwidth,
+                                    prefill_s=prefill_s, replayed_steps=cache.static_steps,
+                                    fused_decode_steps=cache.fused_decode_steps))
+                    token = step.token
+    except torch.OutOfMemoryError:
+        rows.append({"length": length, "batch": args.batch[len(rows) // 2], "kind": "bounded", "out_of_memory": True})
+    finally:
+        detach(model)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def measure_dense(model, prompt, args, bandwidth: float, weights: int) -> list[dict]:
+    """Rows of ``dense`` and ``dense_static_graph`` at every batch size (a kind that does not fit: out_of_memory)."""
+    length = prompt.shape[1]
+    rows = []
+    with torch.inference_mode():
+        model.set_attn_implementation("sdpa")
+        output, prefill_s = prefill(model, prompt)
+        dense, token = output.past_key_values, output.logits[:, -1:].argmax(-1)
+        del output
+        batch = 1
+        for size in args.batch:
+            try:
+                if size > batch:
+                    dense.batch_repeat_interleave(size // batch)
+                    token, batch = token.repeat_interleave(size // batch, dim=0), size
+                step = Stepper(model, dense, token, length)
+                default_s = timed(step, prompt.device, args.steps, warmup=2)
+                with sdpa_kernel(WITHOUT_CUDNN):  # cuDNN plans a graph per key length: host time every step
+                    without_cudnn_s = timed(step, prompt.device, args.steps, warmup=2)
+                read = dense_read_bytes(model, size, length)
+                rows.append(row(length, size, "dense", min(default_s, without_cudnn_s), weights, read,
+                                cache_bytes(dense), bandwidth, prefill_s=prefill_s, step_s_default_sdpa=default_s,
+                                step_s_sdpa_without_cudnn=without_cudnn_s))
+            except torch.OutOfMemoryError:
+                rows.append({"length": length, "batch": size, "kind": "dense", "out_of_memory": True})
+            try:
+                static = static_copy(model, dense, length, length + args.steps + 8)
+                STATIC_ATTENTION.prepare(static, length, args.kernel_options)
+                model.set_attn_implementation(STATIC_ATTENTION_NAME)
+                step = Stepper(model, static, token, length, graph_over_static=STATIC_ATTENTION)
+                step()
+                seconds = timed(step, prompt.device, args.steps, warmup=2)
+                read = dense_read_bytes(model, size, length)
+                rows.append(row(length, size, "dense_static_graph", seconds, weights, read, cache_bytes(static),
+                                bandwidth, attention="fused split-K GQA kernel over the static cache"))
+            except torch.OutOfMemoryError:
+                rows.append({"length": length, "batch": size, "kind": "dense_static_graph", "out_of_memory": True})
+            finally:
+                model.set_attn_implementation("sdpa")
+                static = step = None
+                STATIC_ATTENTION.segments = {}
+                torch.cuda.empty_cache()
+    del dense
+    torch.cuda.empty_cache()
+    return rows
+
+
+def row(length: int, batch: int, kind: str, step_s: float, weights: int, read: int, held: int, bandwidth: float,
+        **extra) -> dict:
+    bound = (weights + read) / bandwidth
+    result = {"length": length, "batch": batch, "kind": kind, "step_s": step_s, "bound_s": bound,
+              "step_over_bound": step_s / bound, "cache_bytes": held, "cache_read_bytes": read,
+              "weight_read_bytes": weights, "tokens_per_s": batch / step_s, **extra}
+    print(result, flush=True)
+    return result
+
+
+def measure_request(model, args, weights: int) -> dict:
+    """Wall seconds of one request (prompt of ``args.request`` tokens, then ``args.new_tokens`` greedy tokens)."""
+    length, new_tokens = args.request, args.new_tokens
+    generator = torch.Generator(args.device).manual_seed(length + 1)
+    prompt = torch.randint(0, args.vocab, (1, length), device=args.device, generator=generator)
+    result = {"length": length, "new_tokens": new_tokens}
+
+    def decode(stepper) -> None:
+        for _ in range(new_tokens - 1):
+            stepper()
+
+    with torch.inference_mode():
+        attach(model, elastic_config(args), backend=args.backend)
+        force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
+        try:
+            start = time.perf_counter()
+            output, _ = prefill(model, prompt, ElasticCache(model, kernel_options=args.kernel_options))
+            decode(Stepper(model, output.past_key_values, output.logits[:, -1:].argmax(-1), length))
+            torch.cuda.synchronize()
+            result["bounded_s"] = time.perf_counter() - start
+            del output
+        finally:
+            detach(model)
+            torch.cuda.empty_cache()
+        model.set_attn_implementation("sdpa")
+        start = time.perf_counter()
+        output, _ = prefill(model, prompt)
+        token = output.logits[:, -1:].argmax(-1)
+        static = static_copy(model, output.past_key_values, length, length + new_tokens + 8)
+        del output
+        STATIC_ATTENTION.prepare(static, length, args.kernel_options)
+        model.set_attn_implementation(STATIC_ATTENTION_NAME)
+        decode(Stepper(model, static, token, length, graph_over_static=STATIC_ATTENTION))
+        torch.cuda.synchronize()
+        result["dense_static_graph_s"] = time.perf_counter() - start
+        model.set_attn_implementation("sdpa")
+        del static
+        STATIC_ATTENTION.segments = {}
+        torch.cuda.empty_cache()
+        start = time.perf_counter()
+        output, _ = prefill(model, prompt)
+        decode(Stepper(model, output.past_key_values, output.logits[:, -1:].argmax(-1), length))
+        torch.cuda.synchronize()
+        result["dense_s"] = time.perf_counter() - start
+        del output
+        torch.cuda.empty_cache()
+    result["dense_best_s"] = min(result["dense_static_graph_s"], result["dense_s"])
+    result["speedup_vs_dense_best"] = result["dense_best_s"] / result["bounded_s"]
+    print(result, flush=True)
+    return result
+
+
+def run(args) -> dict:
+    device = torch.device(args.device)
+    if device.type != "cuda":
+        raise SystemExit("bench decode-graphs needs a CUDA device (CUDA graphs)")
+    compile_in_process()
+    bandwidth = copy_bandwidth(device)
+    model = build_model(args, device, max(args.lengths + [args.request or 0]) + args.new_tokens + 512)
+    weights = read_bytes_per_step(model)
+    rows = []
+    for length in args.lengths:
+        generator = torch.Generator(device).manual_seed(length)
+        prompt = torch.randint(0, args.vocab, (1, length), device=device, generator=generator)
+        rows += measure_bounded(model, prompt, args, bandwidth, weights)
+        rows += measure_dense(model, prompt, args, bandwidth, weights)
+    for current in rows:  # each bounded row against the dense kinds of the same point
+        for other in rows:
+            if (current["kind"] == "bounded" and "step_s" in current and other["kind"] != "bounded"
+                    and "step_s" in other and (other["length"], other["batch"]) == (current["length"],
+                                                                                    current["batch"])):
+                current[f"speedup_vs_{other['kind']}"] = other["step_s"] / current["step_s"]
+    request = measure_request(model, args, weights) if args.request else None
+    return {
+        **run_header(device),
+        "model": model_fields(args),
+        "elastic": {"backend": args.backend, "msr": args.msr, "block_size": args.block_size, "sink": args.sink,
+                    "local": args.local},
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "kernel_options": None if args.kernel_options is None else vars(args.kernel_options),
+        "baselines": {
+            "dense": "the model without elastic attention: its dynamic cache, SDPA as torch picks it, eager steps",
+            "dense_static_graph": "the model without elastic attention over transformers' StaticCache, its forward "
+                                  "captured as a CUDA graph, attention by the fused split-K GQA decode kernel",
+        },
+        "results": rows,
+        "request": request,
+    }
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("32k,128k"))
+    parser.add_argument("--batch", type=batch_sizes, default=[1, 8])
+    parser.add_argument("--backend", default="auto", help="prefill backend of the bounded kinds")
+    parser.add_argument("--msr", type=float, default=0.7)
+    add_model_arguments(parser)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--request", type=lambda text: parse_tokens(text)[0], default=0,
+                        help="also time one request of this many prompt tokens (0: none)")
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--kernel-options", type=lambda text: DecodeKernelOptions(**__import__("json").loads(text)),
+                        default=None, help="fused decode kernel options as JSON (see scripts/decode_kernel_sweep.py)")
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    arguments = parse_args(argv)
+    write_result(arguments.out, run(arguments))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Decode steps captured once as a CUDA graph and replayed per token, over the bounded cache.
+
+`attach` installs `GraphedForward` as the model's ``forward``. A call that is a plain decode step (one new token per
+sequence, over a prefilled `ElasticCache` whose steps take the fused kernels, no gradients, nothing asked beyond the
+logits) goes to the cache's `DecodeGraph`; every other call runs the model's own forward unchanged. `generate` needs
+no new code: its decode steps are such calls, whether it samples or not, and a sequence that stopped at EOS keeps
+receiving the pad token, as it does without graphs.
+
+A `DecodeGraph` puts the cache in static mode (`ElasticCache.begin_static`: storage for a capacity allocated once,
+lengths advanced on the device by the kernels), runs the first step once eagerly to warm up (its writes are the ones
+the real step makes, and the device lengths are put back after it), captures the model's forward over static input
+buffers, and replays it. Per step the host copies the new tokens and positions into those buffers, replays, and
+counts the step: nothing per layer, nothing copied to the host. When the longest sequence reaches the capacity, the
+cache leaves static mode and the next step captures again with room for more (up to the cache's ``max_length``,
+beyond which the step raises). Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
+``ElasticCache(model, cuda_graphs=False)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+from elastic_attention.errors import InputError
+from elastic_attention.integration.runtime import STATIC_STEP_KWARG
+
+#: Keyword arguments a graphed decode step understands; any other one that is not None runs the model's own forward.
+_STEP_ARGUMENTS = frozenset({"input_ids", "attention_mask", "position_ids", "past_key_values", "cache", "use_cache",
+                             "return_dict", "logits_to_keep", "output_attentions", "output_hidden_states"})
+#: Steps between two checks that every step's attention mask marked its new token as real (one host read each).
+MASK_CHECK_INTERVAL = 32
+
+
+def static_capacity(longest: int, max_length: int | None) -> int:
+    """Positions per sequence to allocate when a sequence of ``longest`` tokens enters static mode: room for
+    ``max(256, longest / 32)`` more tokens (a multiple of 256), within ``max_length``."""
+    room = max(256, -(-longest // 32))
+    capacity = -(-(longest + room) // 256) * 256
+    return capacity if max_length is None else min(capacity, max_length)
+
+
+class DecodeGraph:
+    """One captured decode step of a model over one static `ElasticCache`, for a fixed batch size.
+
+    Args:
+        forward: the model's own forward.
+        batch: sequences per step.
+        device: the cache's device.
+        capture: False runs every step eagerly through the same static path (the oracle of the replayed step, and
+            what runs where graphs cannot be captured).
+    """
+
+    def __init__(self, forward, batch: int, device: torch.device, capture: bool = True) -> None:
+        self.forward = forward
+        self.capture = capture
+        # transformers renamed the forward's `past_key_values` argument to `cache`; use whichever it takes.
+        self._cache_argument = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+        self.input_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.position_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        #: True once some step's attention mask marked its new token as padding (checked every few steps).
+        self.padded_step = torch.zeros((), dtype=torch.bool, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._output_type: type | None = None
+        self._outputs: dict[str, torch.Tensor] = {}
+        self._cache_fields: list[str] = []
+
+    def step(self, cache, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+             position_ids: torch.Tensor | None):
+        """One decode step: input_ids [B, 1]; attention_mask [B, past + 1] or None; position_ids [B or 1, 1] or None
+        (the model's default: the cache's length). Returns the model's output (its tensors copied out)."""
+        self.input_ids.copy_(input_ids)
+        if position_ids is None:
+            self.position_ids.fill_(cache.get_seq_length())
+        else:
+            self.position_ids.copy_(position_ids.expand_as(self.position_ids))
+        if attention_mask is not None:
+            self.padded_step.logical_or_((attention_mask[:, -1] == 0).any())
+        if not self.capture:
+            self._keep_output(self._run(cache))
+        else:
+            if self.graph is None:
+                self._capture(cache)
+            self.graph.replay()
+        cache.static_steps += 1
+        if cache.static_steps % MASK_CHECK_INTERVAL == 0:
+            self.check_masks()
+        output = self._output_type(**{name: tensor.clone() for name, tensor in self._outputs.items()})
+        for name in self._cache_fields:
+            output[name] = cache
+        return output
+
+    def check_masks(self) -> None:
+        """Raise if a step's attention mask marked its new token as padding: a static step appends one real token
+        per sequence, so such a mask asks for something it does not do."""
+        if bool(self.padded_step):
+            raise InputError(
+                "a graphed decode step got an attention_mask whose new column has zeros (a padding token); each "
+                "decode step appends one real token per sequence (generate passes ones); turn CUDA graphs off "
+                "(ElasticCache(model, cuda_graphs=False)) to decode with padding steps"
+            )
+
+    def _run(self, cache):
+        return self.forward(input_ids=self.input_ids, position_ids=self.position_ids, use_cache=True,
+                            logits_to_keep=1, return_dict=True, **{self._cache_argument: cache, STATIC_STEP_KWARG: True})
+
+    def _keep_output(self, output) -> None:
+        """Keep a step's output tensors, and which fields held the cache (so that a graph never holds its cache)."""
+        self._output_type = type(output)
+        self._outputs = {name: value for name, value in output.items() if isinstance(value, torch.Tensor)}
+        self._cache_fields = [name for name, value in output.items() if isinstance(value, Cache)]
+
+    def _capture(self, cache) -> None:
+        self.graph, output = capture_graph(lambda: self._run(cache), cache.device_lengths())
+        self._keep_output(output)
+
+
+def capture_graph(run, device_state: list[torch.Tensor]):
+    """Capture ``run()`` as a CUDA graph after one eager run on a side stream (Triton compiles, cuBLAS picks its
+    kernels). The eager run must leave the same writes as the captured one will (the same step's inputs), and
+    ``device_state`` (tensors it advances, such as the cache's lengths) is put back before the capture.
+
+    Returns:
+        (the graph, ``run``'s output as captured: tensors that every replay overwrites).
+    """
+    saved = [tensor.clone() for tensor in device_state]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    for tensor, before in zip(device_state, saved):
+        tensor.copy_(before)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = run()
+    return graph, output
+
+
+class GraphedForward:
+    """An attached model's ``forward``: plain decode steps over a bounded cache replay a `DecodeGraph`; every other
+    call goes to the model's own forward (``original``), which `restore` (called by `detach`) puts back."""
+
+    def __init__(self, model, runtime) -> None:
+        #: The forward the model had (an instance attribute, such as accelerate's hook, stays one after `restore`).
+        self.original = model.forward
+        self._was_instance_attribute = "forward" in model.__dict__
+        self._model = weakref.ref(model)
+        self.runtime = runtime
+        functools.update_wrapper(self, self.original)  # generate reads the forward's signature
+
+    def restore(self, model) -> None:
+        """Give ``model`` its own forward back."""
+        if self._was_instance_attribute:
+            model.forward = self.original
+        else:
+            del model.forward
+
+    def __call__(self, *args, **kwargs):
+        cache = self._graphable_cache(args, kwargs)
+        if cache is None:
+            return self.original(*args, **kwargs)
+        input_ids = kwargs["input_ids"]
+        if cache.static_capacity is not None and cache.longest + 1 > cache.static_capacity:
+            cache.end_static()  # full: capture again with more room
+        if cache.static_capacity is None:
+            capacity = static_capacity(cache.longest, cache.max_length)
+            if capacity <= cache.longest:
+                raise InputError(
+                    f"sequence length {cache.longest + 1} exceeds the cache's max_length {cache.max_length}; "
+                    "create ElasticCache with a larger max_length (or None to grow as needed)"
+                )
+            cache.begin_static(capacity)
+            cache.decode_graph = DecodeGraph(self.original, input_ids.shape[0], input_ids.device,
+                                             capture=input_ids.device.type == "cuda")
+        output = cache.decode_graph.step(cache, input_ids, kwargs.get("attention_mask"), kwargs.get("position_ids"))
+        return output if kwargs.get("return_dict", True) is not False else output.to_tuple()
+
+    def _graphable_cache(self, args: tuple, kwargs: dict[str, Any]):
+        """The `ElasticCache` of a call that a graphed step can serve, else None."""
+        from elastic_attention.cache import ElasticCache
+
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if args or not isinstance(cache, ElasticCache) or not cache.cuda_graphs or cache.runtime is not self.runtime:
+            return None
+        if torch.is_grad_enabled() or self._model().training:
+            return None
+        if any(value is not None and name not in _STEP_ARGUMENTS for name, value in kwargs.items()):
+            return None
+        if kwargs.get("output_attentions") or kwargs.get("output_hidden_states") or kwargs.get("use_cache") is False:
+            return None
+        if kwargs.get("logits_to_keep") not in (None, 0, 1) or not cache.can_be_static:
+            return None
+        input_ids, mask, positions = kwargs.get("input_ids"), kwargs.get("attention_mask"), kwargs.get("position_ids")
+        batch = cache.num_sequences
+        if input_ids is None or tuple(input_ids.shape) != (batch, 1):
+            return None
+        if mask is not None and tuple(mask.shape) != (batch, cache.get_seq_length() + 1):
+            return None
+        if positions is not None and (positions.ndim != 2 or positions.shape[1] != 1 or positions.shape[0] not in (1, batch)):
+            return None
+        graph = cache.decode_graph
+        if graph is not None and graph.input_ids.shape[0] != batch:
+            cache.end_static()
+        return cache
