@@ -23,6 +23,9 @@
 #   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k      # the real model's table at these lengths, $SAMPLES per cell
 #   ROUTER=path MODES=full,elastic BATCH=8 OUT=$OUT bash benchmarks/device.sh real-eval 32k   # another router, fewer modes
 #
+#   OUT=$OUT bash benchmarks/device.sh decode-graphs         # the fused decode kernel's options on this GPU
+#                                                            # (decode_kernel_sweep.json), then bench decode-graphs
+#                                                            # with the fastest: decode_graphs.json
 #   OUT=$OUT bash benchmarks/device.sh flex-sweep            # flex kernel options on this GPU (flex_sweep.json), then
 #                                                            # the layer stage with the fastest (32K and 128K, MSR 0.5)
 #
@@ -106,6 +109,18 @@ case ${1:-} in
     tail -14 "$OUT/flex_sweep.log" | cut -c1-300
     layer_stage "$(python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['fastest']['kernel_options']))" \
       "$OUT/flex_sweep.json")" ;;
+  decode-graphs)
+    timeout ${SWEEP_LIMIT:-150} python3 scripts/decode_kernel_sweep.py --lengths 32k,128k --batch 1,8 \
+      --out "$OUT/decode_kernel_sweep.json" > "$OUT/decode_kernel_sweep.log" 2>&1
+    echo "sweep rc $? at $(( $(date +%s) - start )) s"
+    tail -12 "$OUT/decode_kernel_sweep.log" | cut -c1-300
+    options=$(python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['fastest']['options']))" \
+      "$OUT/decode_kernel_sweep.json" 2>/dev/null)
+    timeout $LIMIT $cli bench decode-graphs --lengths ${LENGTHS:-32k,128k} --batch ${BATCHES:-1,8} \
+      --backend ${BACKEND:-auto} --request ${REQUEST:-128k} --new-tokens 256 ${options:+--kernel-options "$options"} \
+      --out "$OUT/decode_graphs.json" > "$OUT/decode_graphs.log" 2>&1
+    echo "decode-graphs rc $? at $(( $(date +%s) - start )) s (kernel options ${options:-default})"
+    grep -v Warning "$OUT/decode_graphs.log" | tail -20 | cut -c1-600 ;;
   real-train)
     timeout ${TRAIN_LIMIT:-530} $cli train ${CONFIG:-configs/qwen2.5_coder_code.yaml} model="$MODEL" output_dir="$RUN" \
       --no-progress > "$OUT/train.log" 2>&1

@@ -9,6 +9,7 @@ import torch
 from conftest import fused_decode_case, per_sample_routers, tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, attach
+from elastic_attention.errors import InputError
 from elastic_attention.cache import triton_decode
 from elastic_attention.integration import runtime_of
 
@@ -57,3 +58,129 @@ def test_decode_steps_take_the_fused_path_and_equal_the_per_sequence_path():
         else:
             assert all(table is None for step in tables for table in step)
     assert float((runs[True] - runs[False]).abs().max()) < 1e-5
+
+
+# -- static mode and the graphed forward (on the CPU a graphed step runs its static path eagerly) ------------------
+
+STATIC_CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
+
+
+def _batch(seed=4, prompt=30, steps=60):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 90, (2, prompt), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # mixed prompt lengths: the second sample is left-padded
+    return ids, mask, torch.randint(3, 90, (2, steps), generator=generator)
+
+
+def _teacher_forced(graphs: bool, ids, mask, continuation, max_length=None):
+    """(next-token logits [steps, 2, vocab], the cache, the model) of fixed tokens fed one step at a time."""
+    model = tiny_model("llama")
+    attach(model, STATIC_CONFIG, backend="reference")
+    per_sample_routers(model)
+    cache = ElasticCache(model, cuda_graphs=graphs, max_length=max_length)
+    logits = []
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, cache=cache)
+        for step in range(continuation.shape[1]):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            logits.append(model(input_ids=continuation[:, step : step + 1], attention_mask=mask, cache=cache).logits[:, -1])
+    return torch.stack(logits), cache, model
+
+
+def _slot_rule(length: int, sink: int, local: int) -> dict[int, int]:
+    """Slow rule: slot -> the position a ring holds there after ``length`` tokens (the last to land in it)."""
+    held = {}
+    for position in range(length):
+        held[position if position < sink else sink + (position - sink) % local] = position
+    return held
+
+
+def test_static_steps_equal_eager_steps_and_keep_the_slot_rule(monkeypatch):
+    """40 steps past a 30-token prompt (the rings wrap) of a left-padded batch with per-sample routing; static mode
+    is left and entered again every 7 tokens (a tiny capacity), so the address table is rebuilt several times."""
+    from elastic_attention.integration import decode_graph
+
+    monkeypatch.setattr(decode_graph, "static_capacity", lambda longest, max_length: longest + 7)
+    ids, mask, continuation = _batch(steps=40)
+    static, static_cache, _ = _teacher_forced(True, ids, mask, continuation)
+    eager, eager_cache, _ = _teacher_forced(False, ids, mask, continuation)
+    assert float((static - eager).abs().max()) < 1e-5
+    assert static_cache.static_capacity is not None and 0 < static_cache.static_steps < 7
+    assert static_cache.fused_decode_steps == eager_cache.fused_decode_steps == continuation.shape[1]
+    device_lengths = [lengths.clone() for lengths in static_cache.device_lengths()]
+    static_cache.end_static()
+    sink, local = STATIC_CONFIG.sink_tokens, STATIC_CONFIG.local_tokens
+    for layer, other in zip(static_cache.layers, eager_cache.layers):
+        host = [store.length for store in layer.sequences for _ in range(2)]
+        assert device_lengths[layer.layer_index].tolist() == host == [70, 70, 65, 65]
+        for store, reference in zip(layer.sequences, other.sequences):
+            assert store.length == reference.length
+            count = store.full_count
+            assert torch.equal(store.full_keys[:, :count], reference.full_keys[:, :count])
+            if store.ring_heads.numel():
+                for slot, position in _slot_rule(store.length, sink, local).items():
+                    assert int(store.ring_positions[slot]) == position
+                    assert torch.equal(store.ring_keys[:, slot], reference.ring_keys[:, slot])
+
+
+def test_generate_with_graphs_equals_generate_without():
+    """Greedy, greedy with an EOS that stops one sample early while the other continues, and seeded sampling."""
+    ids, mask, _ = _batch(seed=5)
+    prompt, new_tokens = ids.shape[1], 24
+    results = {}
+    for graphs in (True, False):
+        model = tiny_model("llama")
+        attach(model, STATIC_CONFIG, backend="reference", cuda_graphs=graphs)
+        per_sample_routers(model)
+        with torch.no_grad():
+            greedy = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                    pad_token_id=0, return_dict_in_generate=True)
+            first, second = greedy.sequences[:, prompt:].tolist()
+            stop = next(k for k in range(3, new_tokens) if first[k] not in first[:k] + second)
+            stopped = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                     pad_token_id=0, eos_token_id=first[stop])
+            torch.manual_seed(3)
+            sampled = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=True,
+                                     top_k=0, pad_token_id=0, return_dict_in_generate=True)
+        assert (greedy.past_key_values.static_steps > 0) == graphs
+        assert (sampled.past_key_values.static_steps > 0) == graphs
+        results[graphs] = greedy.sequences, stopped, sampled.sequences
+    for with_graphs, without in zip(results[True], results[False]):
+        assert torch.equal(with_graphs, without)
+    greedy, stopped = results[True][:2]
+    assert (stopped[0, prompt + stop + 1 :] == 0).all() and torch.equal(stopped[1], greedy[1])
+
+
+def test_static_capacity_is_bounded_by_max_length():
+    """A full store never wraps: the step past max_length raises, whether the steps are static or not."""
+    ids, mask, continuation = _batch(steps=6)
+    for graphs in (True, False):
+        with pytest.raises(InputError, match="max_length 34"):
+            _teacher_forced(graphs, ids, mask, continuation, max_length=34)
+
+
+def test_other_forwards_end_static_mode():
+    """A chunk after static steps, and a reorder, leave static mode with every length counted."""
+    ids, mask, continuation = _batch(steps=12)
+    runs = {}
+    for graphs in (True, False):
+        _, cache, model = _teacher_forced(graphs, ids, mask, continuation[:, :8])
+        assert (cache.static_capacity is not None) == graphs
+        mask_now = torch.cat([mask, torch.ones(2, 8 + 4, dtype=mask.dtype)], dim=1)
+        with torch.no_grad():
+            chunk = model(input_ids=continuation[:, 8:12], attention_mask=mask_now, cache=cache).logits
+        assert cache.static_capacity is None and cache.get_seq_length() == ids.shape[1] + 12
+        cache.reorder_cache(torch.tensor([1, 0]))
+        runs[graphs] = chunk
+    assert float((runs[True] - runs[False]).abs().max()) < 1e-5
+
+
+def test_graphed_steps_need_no_gradients_and_plain_outputs():
+    """With gradients on, or hidden states asked for, a decode step runs the model's own forward (static mode ends)."""
+    ids, mask, continuation = _batch(steps=3)
+    _, cache, model = _teacher_forced(True, ids, mask, continuation[:, :2])
+    assert cache.static_capacity is not None
+    mask = torch.cat([mask, torch.ones(2, 3, dtype=mask.dtype)], dim=1)
+    output = model(input_ids=continuation[:, 2:3], attention_mask=mask, cache=cache, output_hidden_states=True)
+    assert cache.static_capacity is None and output.hidden_states is not None
