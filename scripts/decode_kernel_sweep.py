@@ -2,10 +2,11 @@
 
 Builds one decoder layer's bounded cache by hand (Hkv KV heads of head_dim D per sequence, round((1 - MSR) x Hkv)
 of them full stores of ``length`` entries, the rest rings of sink + local slots) at each (length, batch) point, and
-times `decode_step` with each candidate `DecodeKernelOptions`; a step reads every kept entry once, so its achieved
-bandwidth is those bytes over its time, next to the copy bandwidth measured in the same run. Each candidate's output
-is checked against the default options' at the first point. "fastest" is the candidate of least total time over the
-points: what `triton_decode.DEFAULT_KERNEL_OPTIONS` should hold for this GPU (or what to pass as ``kernel_options``).
+times `decode_step` with each candidate `DecodeKernelOptions` (one step captured as a CUDA graph and replayed, so no
+host time is counted); a step reads every kept entry once, so its achieved bandwidth is those bytes over its time,
+next to the copy bandwidth measured in the same run. Each candidate's output is checked against the first
+candidate's, from the same state, at every point. "fastest" is the candidate of least total time over the points:
+what `triton_decode.DEFAULT_KERNEL_OPTIONS` should hold for this GPU (or what to pass as ``kernel_options``).
 
   python3 scripts/decode_kernel_sweep.py --lengths 32k,128k --batch 1,8 --out /tmp/decode_kernel_sweep.json
 """
@@ -20,6 +21,7 @@ import torch
 
 from elastic_attention.bench.timing import copy_bandwidth, parse_tokens, run_header, timed, write_result
 from elastic_attention.cache.triton_decode import DecodeKernelOptions, DecodeSegments, decode_step
+from elastic_attention.integration.decode_graph import capture_graph
 
 CANDIDATES = {
     "default": DecodeKernelOptions(),
@@ -30,7 +32,8 @@ CANDIDATES = {
     "n64_w8_s3": DecodeKernelOptions(block_keys=64, num_warps=8, num_stages=3),
     "n64_w4_s3_p8": DecodeKernelOptions(programs_per_processor=8),
     "n64_w4_s3_p2": DecodeKernelOptions(programs_per_processor=2),
-    "n128_w4_s3_p8_split256": DecodeKernelOptions(block_keys=128, programs_per_processor=8, max_splits=256),
+    "n64_w4_s3_split64": DecodeKernelOptions(max_splits=64),
+    "n64_w4_s3_p8_split256": DecodeKernelOptions(programs_per_processor=8, max_splits=256),
 }
 
 
@@ -84,7 +87,7 @@ def main(argv=None) -> None:
     device = torch.device("cuda")
     names = args.candidates.split(",") if args.candidates else list(CANDIDATES)
     bandwidth = copy_bandwidth(device)
-    rows, totals, reference = [], {name: 0.0 for name in names}, None
+    rows, totals = [], {name: 0.0 for name in names}
     for length in args.lengths:
         for batch in args.batch:
             segments, storage, max_entries, total, read = layer_cache(length, batch, args, device)
@@ -94,27 +97,32 @@ def main(argv=None) -> None:
                                 dtype=torch.bfloat16, generator=generator)
             new = torch.randn(2, batch, args.kv_heads, 1, args.head_dim, device=device, dtype=torch.bfloat16,
                               generator=generator)
+
+            def step(options):
+                return decode_step(query, new[0], new[1], segments, args.head_dim**-0.5, sink_tokens=args.sink,
+                                   local_tokens=args.local, max_entries=max_entries + 64, total_entries=total,
+                                   options=options)
+
+            outputs = {}
+            for name in names:  # every candidate's output from the same state (a step rewrites one ring slot)
+                try:
+                    outputs[name] = step(CANDIDATES[name]).float()
+                except Exception as error:  # a candidate that does not compile or launch is reported, not fatal
+                    outputs[name] = f"{type(error).__name__}: {error}"[:400]
+                segments.lengths.copy_(start)
+            first = next((output for output in outputs.values() if isinstance(output, torch.Tensor)), None)
             for name in names:
                 options = CANDIDATES[name]
-
-                def step():
-                    return decode_step(query, new[0], new[1], segments, args.head_dim**-0.5, sink_tokens=args.sink,
-                                       local_tokens=args.local, max_entries=max_entries + 64, total_entries=total,
-                                       options=options)
-
                 row = {"length": length, "batch": batch, "candidate": name, "options": dataclasses.asdict(options)}
-                try:
-                    output = step().float()
-                    segments.lengths.copy_(start)
-                    if reference is None or reference[0] != (length, batch):
-                        reference = ((length, batch), output)
-                    row["max_difference_vs_first"] = float((output - reference[1]).abs().max())
-                    row["step_s"] = timed(step, device, args.repeats, warmup=3)
-                    segments.lengths.copy_(start)
-                except Exception as error:  # a candidate that does not compile or launch is reported, not fatal
-                    row["error"] = f"{type(error).__name__}: {error}"[:400]
+                if isinstance(outputs[name], str):
+                    row["error"] = outputs[name]
                     totals.pop(name, None)
                 else:
+                    row["max_difference_vs_first"] = float((outputs[name] - first).abs().max())
+                    graph, _ = capture_graph(lambda: step(options), [segments.lengths])  # GPU time, no host
+                    row["step_s"] = timed(graph.replay, device, args.repeats, warmup=3)
+                    segments.lengths.copy_(start)
+                    del graph
                     row["bytes_read"] = read
                     row["achieved_bandwidth_bytes_per_s"] = read / row["step_s"]
                     row["share_of_copy_bandwidth"] = row["achieved_bandwidth_bytes_per_s"] / bandwidth

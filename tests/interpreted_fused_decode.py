@@ -35,7 +35,7 @@ def test_decode_steps_take_the_fused_path_and_equal_the_per_sequence_path():
         model = tiny_model("llama")
         attach(model, config, backend="reference")
         per_sample_routers(model)
-        cache = ElasticCache(model, fused_decode=fused)
+        cache = ElasticCache(model, fused_decode=fused, cuda_graphs=False)  # the eager fused path
         mask = torch.ones_like(ids)
         mask[1, :5] = 0
         logits, tables = [], []
@@ -184,3 +184,19 @@ def test_graphed_steps_need_no_gradients_and_plain_outputs():
     mask = torch.cat([mask, torch.ones(2, 3, dtype=mask.dtype)], dim=1)
     output = model(input_ids=continuation[:, 2:3], attention_mask=mask, cache=cache, output_hidden_states=True)
     assert cache.static_capacity is None and output.hidden_states is not None
+
+
+def test_static_storage_is_the_capacity_and_no_more():
+    """Static mode preallocates full stores for the capacity (the longest sequence plus max(256, 1/32), a multiple of
+    256) and rings at their sink + local slots; nothing else grows."""
+    from elastic_attention.integration.decode_graph import static_capacity
+
+    ids, mask, continuation = _batch(prompt=600, steps=2)
+    _, cache, _ = _teacher_forced(True, ids, mask, continuation)
+    capacity = static_capacity(601, None)
+    assert cache.static_capacity == capacity == 1024
+    for layer in cache.layers:
+        for store in layer.sequences:
+            assert store.full_keys.shape[1] in (0, capacity)
+            assert store.ring_keys.shape[1] == (STATIC_CONFIG.sink_tokens + STATIC_CONFIG.local_tokens
+                                                if store.ring_heads.numel() else 0)

@@ -15,9 +15,9 @@ from elastic_attention.patterns.tokens import token_rule_mask
 CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
 
 
-def attached(family="llama", cache="bounded", config=CONFIG, layers=2, seed=0):
+def attached(family="llama", cache="bounded", config=CONFIG, layers=2, seed=0, cuda_graphs=True):
     model = tiny_model(family, layers=layers, seed=seed)
-    return attach(model, config, backend="reference", cache=cache)
+    return attach(model, config, backend="reference", cache=cache, cuda_graphs=cuda_graphs)
 
 
 def prompt(batch=2, width=40, seed=0):
@@ -99,6 +99,7 @@ def test_ring_wraps_and_keeps_exactly_the_sink_and_the_window():
     force_routing(model, "sparse")
     ids, mask = prompt(batch=1, width=21)
     cache = generate(model, ids, mask, tokens=40).past_key_values
+    cache.end_static()  # graphed steps (under Triton's interpreter) count lengths on the device until it ends
     for layer in cache.layers:
         (store,) = layer.sequences
         assert store.length == 21 + 39 and store.full_keys.shape[0] == 0
@@ -113,7 +114,7 @@ def test_ring_wraps_and_keeps_exactly_the_sink_and_the_window():
 
 def test_memory_is_released_per_sample():
     ids, mask = prompt(width=600)
-    model = attached()
+    model = attached(cuda_graphs=False)  # eager steps grow storage with the sequence; static mode preallocates
     force_routing(model, torch.tensor([[True, False], [False, False]]))
     cache = generate(model, ids, mask, tokens=2).past_key_values
     layer0, layer1 = cache.layers
@@ -152,7 +153,7 @@ def test_the_bounded_cache_never_holds_more_than_the_full_cache(routing):
     wide = ElasticConfig(block_size=8, sink_tokens=128, local_tokens=2048, xa_stride=4)
     ids, mask = prompt(batch=2, width=50)
     forced = {"sparse": "sparse", "full": "full", "mixed": torch.tensor([[True, False], [False, True]])}[routing]
-    bounded = attached(config=wide)
+    bounded = attached(config=wide, cuda_graphs=False)  # eager steps (static mode preallocates a capacity)
     force_routing(bounded, forced)
     output = generate(bounded, ids, mask, tokens=20)
     full = attached(config=wide, cache="full")

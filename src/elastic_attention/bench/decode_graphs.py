@@ -326,6 +326,8 @@ def measure_request(model, args, weights: int) -> dict:
 
 
 def run(args) -> dict:
+    """Measure every kind at every length (and the request); the results file is rewritten after each length, so a
+    run cut short keeps what it measured."""
     device = torch.device(args.device)
     if device.type != "cuda":
         raise SystemExit("bench decode-graphs needs a CUDA device (CUDA graphs)")
@@ -334,19 +336,7 @@ def run(args) -> dict:
     model = build_model(args, device, max(args.lengths + [args.request or 0]) + args.new_tokens + 512)
     weights = read_bytes_per_step(model)
     rows = []
-    for length in args.lengths:
-        generator = torch.Generator(device).manual_seed(length)
-        prompt = torch.randint(0, args.vocab, (1, length), device=device, generator=generator)
-        rows += measure_bounded(model, prompt, args, bandwidth, weights)
-        rows += measure_dense(model, prompt, args, bandwidth, weights)
-    for current in rows:  # each bounded row against the dense kinds of the same point
-        for other in rows:
-            if (current["kind"] == "bounded" and "step_s" in current and other["kind"] != "bounded"
-                    and "step_s" in other and (other["length"], other["batch"]) == (current["length"],
-                                                                                    current["batch"])):
-                current[f"speedup_vs_{other['kind']}"] = other["step_s"] / current["step_s"]
-    request = measure_request(model, args, weights) if args.request else None
-    return {
+    result = {
         **run_header(device),
         "model": model_fields(args),
         "elastic": {"backend": args.backend, "msr": args.msr, "block_size": args.block_size, "sink": args.sink,
@@ -354,13 +344,36 @@ def run(args) -> dict:
         "copy_bandwidth_bytes_per_s": bandwidth,
         "kernel_options": None if args.kernel_options is None else vars(args.kernel_options),
         "baselines": {
-            "dense": "the model without elastic attention: its dynamic cache, SDPA as torch picks it, eager steps",
+            "dense": "the model without elastic attention: its dynamic cache, SDPA as torch picks it or without "
+                     "cuDNN (the faster), eager steps",
             "dense_static_graph": "the model without elastic attention over transformers' StaticCache, its forward "
                                   "captured as a CUDA graph, attention by the fused split-K GQA decode kernel",
         },
         "results": rows,
-        "request": request,
+        "request": None,
     }
+    for length in args.lengths:
+        generator = torch.Generator(device).manual_seed(length)
+        prompt = torch.randint(0, args.vocab, (1, length), device=device, generator=generator)
+        rows += measure_bounded(model, prompt, args, bandwidth, weights)
+        rows += measure_dense(model, prompt, args, bandwidth, weights)
+        compare(rows)
+        write_result(args.out, result)
+    if args.request:
+        result["request"] = measure_request(model, args, weights)
+        write_result(args.out, result)
+    return result
+
+
+def compare(rows: list[dict]) -> None:
+    """Each bounded row's speedup over the other kinds at the same (length, batch)."""
+    for current in rows:
+        if current["kind"] != "bounded" or "step_s" not in current:
+            continue
+        for other in rows:
+            if other["kind"] != "bounded" and "step_s" in other and (other["length"], other["batch"]) == (
+                    current["length"], current["batch"]):
+                current[f"speedup_vs_{other['kind']}"] = other["step_s"] / current["step_s"]
 
 
 def parse_args(argv=None):
@@ -381,8 +394,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> None:
-    arguments = parse_args(argv)
-    write_result(arguments.out, run(arguments))
+    run(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,11 @@ then attends the whole ring, whose slots then hold exactly its visible window. F
 Under a model window on every layer (Mistral 7B v0.1) a full store forgets the entries no later query can see, so it
 holds at most about twice that window, and every step attends in torch by the composed token rule.
 
+In static mode (`ElasticCache.begin_static`, entered by `integration.decode_graph` to capture decode steps as a CUDA
+graph) every full store is allocated for a capacity up front (the longest sequence plus max(256, 1/32) tokens) and
+every ring at its sink + local slots; lengths then advance on the device, and the host-side ones catch up when static
+mode ends.
+
 A decode step (one new token per sequence) on a CUDA GPU with Triton takes the fused path of
 `cache.triton_decode`: one launch per layer writes the new entries of every sequence and head, attends them all and
 merges its key splits, whatever the batch size, through a table of the layer's storage addresses that is rebuilt

@@ -6,13 +6,15 @@ order and reads all of them; a streaming head holds a ring of ``sink + local`` s
 position goes to which slot) and reads the slots filled so far. `DecodeSegments` lists the segments of one layer by
 address, so one launch reaches all of them whatever tensor each lives in.
 
-A decode step is one launch per layer, whatever the batch size (`decode_step`): a grid of segments x key splits (so a
-batch-1 step at long lengths still fills the GPU). Each program takes its segment's new key and value from the step's
-states (the first split also writes them to the cache: a full store at its end, a ring at its slot, with the slot's
-position), runs split-K attention of the segment's query heads over its share of the entries (all of a full store,
-the filled slots of a ring, the new entry among them), and leaves its partial result; the last split of a segment to
-finish (an atomic count of arrivals) merges the splits, writes the output and counts the entry in the segment's
-length. `write_step_entries` writes without attending (a step whose attention took another path).
+A decode step is one launch per layer, whatever the batch size (`decode_step`): a grid of segments x key splits, the
+splits sized from the entries of all segments together (so a batch-1 step at long lengths still fills the GPU, and a
+short ring takes one split). Each program takes its segment's new key and value from the step's states (the first
+split also writes them to the cache: a full store at its end, a ring at its slot, with the slot's position), runs
+split-K attention of the segment's query heads over its share of the entries (all of a full store, the filled slots
+of a ring; split 0 starts from the new entry and every split leaves its slot out, since split 0 is writing it), and
+leaves its partial result; the last split of a segment to finish (an atomic count of arrivals) merges the splits that
+hold entries, all query heads at once, writes the output and counts the entry in the segment's length.
+`write_step_entries` writes without attending (a step whose attention took another path).
 
 Segments are ordered (sequence, KV head), so segment ``s`` reads the queries of batch row ``s // Hkv`` and query heads
 ``(s % Hkv) * g .. + g - 1`` (g query heads per KV head).
@@ -53,8 +55,8 @@ class DecodeKernelOptions:
 
 #: The options `decode_step` uses unless given others.
 DEFAULT_KERNEL_OPTIONS = DecodeKernelOptions()
-#: Splits merged per iteration of the merge.
-_MERGE_BLOCK = 16
+#: Elements (splits x query heads x head_dim) the merge loads per iteration.
+_MERGE_ELEMENTS = 16384
 
 
 def triton_decode_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -176,7 +178,8 @@ def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.T
         segments.position_addresses, segments.lengths, segments.arrivals, sink_tokens, local_tokens, keys_per_split,
         partial, maxima, sums, output, output.stride(0), output.stride(1), scale, splits,
         GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim, 16), BLOCK_N=options.block_keys,
-        BLOCK_S=_MERGE_BLOCK, ALIGNED=segments.aligned and head_dim % 8 == 0,
+        BLOCK_M=_pow2(group, 1), BLOCK_S=max(1, _MERGE_ELEMENTS // (_pow2(group, 1) * _pow2(head_dim, 16))),
+        ALIGNED=segments.aligned and head_dim % 8 == 0,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=options.num_warps, num_stages=options.num_stages,
     )

@@ -56,8 +56,8 @@ def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key
                  value_stride_b, value_stride_h, num_kv, key_addresses, value_addresses, position_addresses,
                  lengths, arrivals, sink, local, keys_per_split, partial, maxima, sums, output, output_stride_b,
                  output_stride_h, scale, splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-                 ALIGNED: tl.constexpr, PRECISION: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_S: tl.constexpr, ALIGNED: tl.constexpr, PRECISION: tl.constexpr):
     segment, split = tl.program_id(0), tl.program_id(1)
     batch_row, head = segment // num_kv, segment % num_kv
     length = tl.load(lengths + segment)  # before the step; only this segment's last split changes it
@@ -79,27 +79,30 @@ def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key
     queries = tl.load(query_rows, mask=in_group[:, None] & in_dim[None, :], other=0.0)
     start = split * keys_per_split
     end = tl.minimum(start + keys_per_split, entries)
-    running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    running_sum = tl.zeros([BLOCK_G], tl.float32)
-    accumulator = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    # The new entry's slot is being written by split 0, so the loop leaves it out and split 0 starts from it.
+    new_scores = tl.sum(queries.to(tl.float32) * new_key.to(tl.float32)[None, :], 1) * scale
+    first = split == 0
+    running_max = tl.where(first, new_scores, float("-inf"))
+    running_sum = tl.where(first, 1.0, 0.0) + tl.zeros([BLOCK_G], tl.float32)
+    accumulator = tl.where(first, 1.0, 0.0) * new_value.to(tl.float32)[None, :] + tl.zeros([BLOCK_G, BLOCK_D],
+                                                                                           tl.float32)
     for block_start in range(start, end, BLOCK_N):
         n = block_start + tl.arange(0, BLOCK_N)
         in_range = n < end
-        # The new entry's slot is being written by split 0: every split takes it from the step's states.
-        is_new = (n == slot)[:, None]
         offsets = n.to(tl.int64)[:, None] * HEAD_DIM + d[None, :]
         if BLOCK_D == HEAD_DIM:  # a mask constant along rows keeps the loads wide
             load_mask = in_range[:, None]
         else:
             load_mask = in_range[:, None] & in_dim[None, :]
-        block_keys = tl.where(is_new, new_key[None, :], tl.load(keys + offsets, mask=load_mask, other=0.0))
+        block_keys = tl.load(keys + offsets, mask=load_mask, other=0.0)
+        block_values = tl.load(values + offsets, mask=load_mask, other=0.0)
         scores = tl.dot(queries, tl.trans(block_keys), input_precision=PRECISION) * scale
-        scores = tl.where(in_range[None, :], scores, float("-inf"))
+        scores = tl.where((in_range & (n != slot))[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, 1))
-        rescale = tl.exp(running_max - new_max)
-        weights = tl.exp(scores - new_max[:, None])
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a block of only the new entry's slot: no key yet
+        rescale = tl.exp(running_max - shift)
+        weights = tl.exp(scores - shift[:, None])
         running_sum = running_sum * rescale + tl.sum(weights, 1)
-        block_values = tl.where(is_new, new_value[None, :], tl.load(values + offsets, mask=load_mask, other=0.0))
         accumulator = accumulator * rescale[:, None] + tl.dot(weights.to(block_values.dtype), block_values,
                                                               input_precision=PRECISION)
         running_max = new_max
@@ -111,37 +114,39 @@ def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key
     tl.debug_barrier()  # every thread's partial results are stored before the arrival is counted
     if tl.atomic_add(arrivals + segment, 1, sem="acq_rel") == splits - 1:  # the last split merges
         tl.debug_barrier()
+        used = tl.cdiv(entries, keys_per_split)  # the splits that hold entries (the others start past the end)
         _merge_splits(partial, maxima, sums, output, output_stride_b, output_stride_h, segment, batch_row, head,
-                      splits, GROUP, HEAD_DIM, BLOCK_D, BLOCK_S)
+                      splits, used, GROUP, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_S)
         tl.store(lengths + segment, length + 1)
         tl.atomic_xchg(arrivals + segment, 0)
 
 @triton.jit
 def _merge_splits(partial, maxima, sums, output, output_stride_b, output_stride_h, segment, batch_row, head,
-                  splits, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_S: tl.constexpr):
-    """Merge a segment's key splits, query head by query head, BLOCK_S splits at a time (two passes: the largest
-    maximum, then the rescaled sums and partial outputs)."""
-    d = tl.arange(0, BLOCK_D)
-    in_dim = d < HEAD_DIM
+                  splits, used, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Merge a segment's first ``used`` key splits for all its query heads at once, BLOCK_S splits at a time (two
+    passes: each head's largest maximum, then the rescaled sums and partial outputs). BLOCK_M: GROUP rounded up to
+    a power of two."""
     s = tl.arange(0, BLOCK_S)
-    for g in tl.static_range(GROUP):
-        total_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
-        for first in range(0, splits, BLOCK_S):
-            stats = (segment * splits + first + s) * GROUP + g
-            split_max = tl.load(maxima + stats, mask=first + s < splits, other=float("-inf"))
-            total_max = tl.maximum(total_max, split_max)
-        largest = tl.max(total_max, 0)  # finite: split 0 always holds an entry (the first)
-        total_sum = tl.zeros([BLOCK_S], tl.float32)
-        total = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
-        for first in range(0, splits, BLOCK_S):
-            in_splits = first + s < splits
-            stats = (segment * splits + first + s) * GROUP + g
-            weight = tl.exp(tl.load(maxima + stats, mask=in_splits, other=float("-inf")) - largest)
-            total_sum += weight * tl.load(sums + stats, mask=in_splits, other=0.0)
-            rows = tl.load(partial + stats[:, None] * HEAD_DIM + d[None, :],
-                           mask=in_splits[:, None] & in_dim[None, :], other=0.0)
-            total += weight[:, None] * rows
-        merged = tl.sum(total, 0) / tl.sum(total_sum, 0)
-        row = output + batch_row * output_stride_b + (head * GROUP + g) * output_stride_h + d
-        tl.store(row, merged.to(output.dtype.element_ty), mask=in_dim)
+    g = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    in_group, in_dim = g < GROUP, d < HEAD_DIM
+    largest = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for first in range(0, used, BLOCK_S):
+        valid = (first + s < used)[:, None] & in_group[None, :]
+        stats = (segment * splits + first + s)[:, None] * GROUP + g[None, :]
+        largest = tl.maximum(largest, tl.max(tl.load(maxima + stats, mask=valid, other=float("-inf")), 0))
+    largest = tl.where(in_group, largest, 0.0)  # finite for every real head: split 0 holds the new entry
+    total_sum = tl.zeros([BLOCK_M], tl.float32)
+    total = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for first in range(0, used, BLOCK_S):
+        valid = (first + s < used)[:, None] & in_group[None, :]
+        stats = (segment * splits + first + s)[:, None] * GROUP + g[None, :]
+        weight = tl.exp(tl.load(maxima + stats, mask=valid, other=float("-inf")) - largest[None, :])
+        total_sum += tl.sum(weight * tl.load(sums + stats, mask=valid, other=0.0), 0)
+        rows = tl.load(partial + stats[:, :, None] * HEAD_DIM + d[None, None, :],
+                       mask=valid[:, :, None] & in_dim[None, None, :], other=0.0)
+        total += tl.sum(weight[:, :, None] * rows, 0)
+    merged = total / tl.where(in_group, total_sum, 1.0)[:, None]
+    rows = output + batch_row * output_stride_b + (head * GROUP + g[:, None]) * output_stride_h + d[None, :]
+    tl.store(rows, merged.to(output.dtype.element_ty), mask=in_group[:, None] & in_dim[None, :])
