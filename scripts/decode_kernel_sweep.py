@@ -32,7 +32,7 @@ CANDIDATES = {
     "n64_w8_s3": DecodeKernelOptions(block_keys=64, num_warps=8, num_stages=3),
     "n64_w4_s3_p8": DecodeKernelOptions(programs_per_processor=8),
     "n64_w4_s3_p2": DecodeKernelOptions(programs_per_processor=2),
-    "n64_w4_s3_split64": DecodeKernelOptions(max_splits=64),
+    "n64_w4_s3_split128": DecodeKernelOptions(max_splits=128),
     "n64_w4_s3_p8_split256": DecodeKernelOptions(programs_per_processor=8, max_splits=256),
 }
 

@@ -6,21 +6,24 @@ length, prefills one random prompt of batch 1, repeats the cache along the batch
 times ``--steps`` decode steps (median, CUDA events; each step is the model's forward for one new token per
 sequence, host work included) of each kind:
 
-- ``bounded``: elastic attention attached, routing forced to ``--msr`` (FA-SSA), the `ElasticCache`; its steps
-  replay a captured graph (`integration.decode_graph`), the first step's capture left out of the timing;
+- ``bounded``: elastic attention attached (``compile_decode=True``), routing forced to ``--msr`` (FA-SSA), the
+  `ElasticCache`; its steps replay a captured graph (`integration.decode_graph`) whose norms and MLPs went through
+  torch.compile, the first step's capture (and compile) left out of the timing;
+- ``bounded_graph_uncompiled``: the same, nothing compiled;
 - ``bounded_eager``: the same cache with its steps run eagerly (``cuda_graphs=False``, the fused kernels);
 - ``dense``: the model without elastic attention, its own dynamic cache and SDPA as torch picks it, eagerly;
 - ``dense_static_graph``: the model without elastic attention over transformers' `StaticCache` (the dense cache
-  copied in after the prefill), its forward captured as a CUDA graph, attention by the same fused split-K decode
-  kernel over each (sequence, KV head)'s filled entries (`StaticCacheDecodeAttention`): one read of the cache per
-  step, no key/value repeated per query head (transformers' SDPA path over a static cache repeats them and masks
-  every unfilled slot; under a graph it needs a mask that changes per step).
+  copied in after the prefill), its forward captured as a CUDA graph with the same parts compiled, attention by the
+  same fused split-K decode kernel over each (sequence, KV head)'s filled entries (`StaticCacheDecodeAttention`):
+  one read of the cache per step, no key/value repeated per query head (transformers' SDPA path over a static cache
+  repeats them and masks every unfilled slot; under a graph it needs a mask that changes per step);
+- ``dense_static_graph_uncompiled``: the same, nothing compiled.
 
 Every row carries ``bound_s``: the bytes a step must read (weights, the input embedding left out but one row; the
 cache's kept entries) over the copy bandwidth measured in the same run. ``--request LENGTH`` also times a whole
 request (one prompt of LENGTH tokens, then ``--new-tokens`` greedy tokens, batch 1, no host sync inside): bounded
-(prefill, then graphed steps) against dense at its best settings (SDPA prefill, then graphed steps over the static
-cache; and eager steps over its dynamic cache), wall seconds each.
+(prefill, then compiled graphed steps) against dense at its best settings (SDPA prefill, then compiled graphed steps
+over the static cache; and eager steps over its dynamic cache), wall seconds each, compile and capture included.
 
   elastic-attention bench decode-graphs --lengths 32k,128k --batch 1,8 --request 128k --new-tokens 256 \\
       --out benchmarks/results/decode_graphs.json
@@ -48,7 +51,8 @@ from elastic_attention.bench.model import (
 )
 from elastic_attention.bench.timing import copy_bandwidth, parse_tokens, run_header, timed, write_result
 from elastic_attention.cache.triton_decode import DecodeKernelOptions, DecodeSegments, decode_step
-from elastic_attention.integration.decode_graph import capture_graph
+from elastic_attention.integration.decode_graph import capture_graph, compiled
+from elastic_attention.integration.families import family_of, layer_parts_around_attention
 
 STATIC_ATTENTION_NAME = "static_cache_decode"
 #: SDPA's backends other than cuDNN.
@@ -134,9 +138,12 @@ class Stepper:
     Args:
         graph_over_static: None, or a `StaticCacheDecodeAttention` whose static cache the steps replay as a
             captured graph (the first step captures).
+        compile_parts: modules compiled in that capture (`decode_graph.compiled`).
     """
 
-    def __init__(self, model, cache, token: torch.Tensor, length: int, graph_over_static=None) -> None:
+    def __init__(self, model, cache, token: torch.Tensor, length: int, graph_over_static=None,
+                 compile_parts: list | None = None) -> None:
+        self.compile_parts = compile_parts or []
         self.model, self.cache, self.length = model, cache, length
         batch = token.shape[0]
         self.token = token.clone()
@@ -157,7 +164,8 @@ class Stepper:
             if self.graph is None:
                 layers = self.cache.layers
                 state = self.static.device_lengths() + [layer.cumulative_length for layer in layers]
-                self.graph, self.logits = capture_graph(self._forward, state)
+                with compiled(self.compile_parts):
+                    self.graph, self.logits = capture_graph(self._forward, state)
             self.graph.replay()
             logits = self.logits
         self.token.copy_(logits[:, -1].argmax(-1, keepdim=True))
@@ -182,10 +190,16 @@ def prefill(model, prompt: torch.Tensor, cache=None):
     return output, time.perf_counter() - start
 
 
+def compile_parts(model) -> list:
+    """The modules the compiled kinds run through torch.compile: every decoder layer's parts around attention."""
+    return layer_parts_around_attention(model.model, family_of(model)[1])
+
+
 def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list[dict]:
-    """Rows of ``bounded`` and ``bounded_eager`` at every batch size."""
+    """Rows of ``bounded``, ``bounded_graph_uncompiled`` and ``bounded_eager`` at every batch size."""
     length = prompt.shape[1]
-    attach(model, elastic_config(args), backend=args.backend)
+    attach(model, elastic_config(args), backend=args.backend, compile_decode=True)
+    parts = model.forward.compile_layers
     force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
     rows = []
     try:
@@ -198,8 +212,11 @@ def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list
                 if size > batch:
                     cache.batch_repeat_interleave(size // batch)
                     token, batch = token.repeat_interleave(size // batch, dim=0), size
-                for kind, graphs in (("bounded", True), ("bounded_eager", False)):
+                for kind, graphs, compile_them in (("bounded", True, True), ("bounded_graph_uncompiled", True, False),
+                                                   ("bounded_eager", False, False)):
+                    cache.end_static()  # the next step captures again, with this kind's settings
                     cache.cuda_graphs = graphs
+                    model.forward.compile_layers = parts if compile_them else None
                     step = Stepper(model, cache, token, cache.get_seq_length())
                     step()  # the graphed kind captures here
                     seconds = timed(step, prompt.device, args.steps, warmup=2)
@@ -209,7 +226,7 @@ def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list
                                     fused_decode_steps=cache.fused_decode_steps))
                     token = step.token
     except torch.OutOfMemoryError:
-        rows.append({"length": length, "batch": args.batch[len(rows) // 2], "kind": "bounded", "out_of_memory": True})
+        rows.append({"length": length, "batch": args.batch[len(rows) // 3], "kind": "bounded", "out_of_memory": True})
     finally:
         detach(model)
         torch.cuda.empty_cache()
@@ -241,23 +258,25 @@ def measure_dense(model, prompt, args, bandwidth: float, weights: int) -> list[d
                                 step_s_sdpa_without_cudnn=without_cudnn_s))
             except torch.OutOfMemoryError:
                 rows.append({"length": length, "batch": size, "kind": "dense", "out_of_memory": True})
-            try:
-                static = static_copy(model, dense, length, length + args.steps + 8)
-                STATIC_ATTENTION.prepare(static, length, args.kernel_options)
-                model.set_attn_implementation(STATIC_ATTENTION_NAME)
-                step = Stepper(model, static, token, length, graph_over_static=STATIC_ATTENTION)
-                step()
-                seconds = timed(step, prompt.device, args.steps, warmup=2)
-                read = dense_read_bytes(model, size, length)
-                rows.append(row(length, size, "dense_static_graph", seconds, weights, read, cache_bytes(static),
-                                bandwidth, attention="fused split-K GQA kernel over the static cache"))
-            except torch.OutOfMemoryError:
-                rows.append({"length": length, "batch": size, "kind": "dense_static_graph", "out_of_memory": True})
-            finally:
-                model.set_attn_implementation("sdpa")
-                static = step = None
-                STATIC_ATTENTION.segments = {}
-                torch.cuda.empty_cache()
+            for kind, parts in (("dense_static_graph", compile_parts(model)), ("dense_static_graph_uncompiled", [])):
+                try:
+                    static = static_copy(model, dense, length, length + args.steps + 8)
+                    STATIC_ATTENTION.prepare(static, length, args.kernel_options)
+                    model.set_attn_implementation(STATIC_ATTENTION_NAME)
+                    step = Stepper(model, static, token, length, graph_over_static=STATIC_ATTENTION,
+                                   compile_parts=parts)
+                    step()
+                    seconds = timed(step, prompt.device, args.steps, warmup=2)
+                    read = dense_read_bytes(model, size, length)
+                    rows.append(row(length, size, kind, seconds, weights, read, cache_bytes(static), bandwidth,
+                                    attention="fused split-K GQA kernel over the static cache"))
+                except torch.OutOfMemoryError:
+                    rows.append({"length": length, "batch": size, "kind": kind, "out_of_memory": True})
+                finally:
+                    model.set_attn_implementation("sdpa")
+                    static = step = None
+                    STATIC_ATTENTION.segments = {}
+                    torch.cuda.empty_cache()
     del dense
     torch.cuda.empty_cache()
     return rows
@@ -285,7 +304,7 @@ def measure_request(model, args, weights: int) -> dict:
             stepper()
 
     with torch.inference_mode():
-        attach(model, elastic_config(args), backend=args.backend)
+        attach(model, elastic_config(args), backend=args.backend, compile_decode=True)
         force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
         try:
             start = time.perf_counter()
@@ -305,7 +324,8 @@ def measure_request(model, args, weights: int) -> dict:
         del output
         STATIC_ATTENTION.prepare(static, length, args.kernel_options)
         model.set_attn_implementation(STATIC_ATTENTION_NAME)
-        decode(Stepper(model, static, token, length, graph_over_static=STATIC_ATTENTION))
+        decode(Stepper(model, static, token, length, graph_over_static=STATIC_ATTENTION,
+                       compile_parts=compile_parts(model)))
         torch.cuda.synchronize()
         result["dense_static_graph_s"] = time.perf_counter() - start
         model.set_attn_implementation("sdpa")
@@ -347,7 +367,8 @@ def run(args) -> dict:
             "dense": "the model without elastic attention: its dynamic cache, SDPA as torch picks it or without "
                      "cuDNN (the faster), eager steps",
             "dense_static_graph": "the model without elastic attention over transformers' StaticCache, its forward "
-                                  "captured as a CUDA graph, attention by the fused split-K GQA decode kernel",
+                                  "captured as a CUDA graph (norms and MLPs through torch.compile), attention by "
+                                  "the fused split-K GQA decode kernel",
         },
         "results": rows,
         "request": None,

@@ -36,7 +36,8 @@ import importlib.util
 
 @dataclass(frozen=True)
 class DecodeKernelOptions:
-    """How `decode_step` launches its kernel (`scripts/decode_kernel_sweep.py` measures the choices on a GPU).
+    """How `decode_step` launches its kernel. The defaults were the fastest of `scripts/decode_kernel_sweep.py` on
+    the H200 (benchmarks/results/decode_kernel_sweep.json), over 32K and 128K entries at batch 1 and 8.
 
     Attributes:
         block_keys: keys per block of the attention loop (a power of two, at least 16).
@@ -50,7 +51,7 @@ class DecodeKernelOptions:
     num_warps: int = 4
     num_stages: int = 3
     programs_per_processor: int = 4
-    max_splits: int = 128
+    max_splits: int = 64
 
 
 #: The options `decode_step` uses unless given others.

@@ -20,6 +20,7 @@ from elastic_attention.integration.families import (
     decoder_of,
     family_of,
     layer_kinds,
+    layer_parts_around_attention,
     model_window,
 )
 from elastic_attention.integration.report import RoutingReport
@@ -53,7 +54,7 @@ AttentionMaskInterface.register(WINDOWED_ATTENTION_NAME, _sliding_layer_mask)
 
 def attach(
     model: nn.Module, config: ElasticConfig | None = None, *, backend: str = "auto", cache: str = "bounded",
-    cuda_graphs: bool = True,
+    cuda_graphs: bool = True, compile_decode: bool = False,
 ) -> nn.Module:
     """Attach Elastic Attention to a Hugging Face decoder, in place.
 
@@ -71,6 +72,9 @@ def attach(
             where SSA heads keep only their sink and window; ``"full"``: the model's own cache, every key kept.
         cuda_graphs: decode steps over the bounded cache on a CUDA GPU are captured once as a CUDA graph and
             replayed (`integration.decode_graph`); False runs every step eagerly.
+        compile_decode: with ``cuda_graphs``, the parts of each decoder layer around its attention (for Llama the
+            norms and the MLP) run through ``torch.compile`` in the captured step, which fuses their elementwise
+            work into fewer kernels; the first capture of each batch size compiles.
 
     Returns:
         The same model.
@@ -141,7 +145,8 @@ def attach(
     for module in modules:
         object.__setattr__(module, RUNTIME_ATTRIBUTE, runtime)
     object.__setattr__(model, RUNTIME_ATTRIBUTE, runtime)
-    model.forward = GraphedForward(model, runtime)
+    model.forward = GraphedForward(model, runtime,
+                                   layer_parts_around_attention(decoder, family) if compile_decode else None)
     model.set_attn_implementation(WINDOWED_ATTENTION_NAME if runtime.sliding_layers else ATTENTION_NAME)
     return model
 

@@ -13,11 +13,14 @@ buffers, and replays it. Per step the host copies the new tokens and positions i
 counts the step: nothing per layer, nothing copied to the host. When the longest sequence reaches the capacity, the
 cache leaves static mode and the next step captures again with room for more (up to the cache's ``max_length``,
 beyond which the step raises). Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
-``ElasticCache(model, cuda_graphs=False)``.
+``ElasticCache(model, cuda_graphs=False)``. With ``attach(..., compile_decode=True)`` the captured step runs the
+parts of the decoder layers around attention through ``torch.compile`` (`compiled`), which fuses their elementwise
+work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import weakref
@@ -53,11 +56,15 @@ class DecodeGraph:
         device: the cache's device.
         capture: False runs every step eagerly through the same static path (the oracle of the replayed step, and
             what runs where graphs cannot be captured).
+        compile_layers: modules to run through ``torch.compile`` in the captured step (the parts of the decoder
+            layers around attention), or None.
     """
 
-    def __init__(self, forward, batch: int, device: torch.device, capture: bool = True) -> None:
+    def __init__(self, forward, batch: int, device: torch.device, capture: bool = True,
+                 compile_layers: list | None = None) -> None:
         self.forward = forward
         self.capture = capture
+        self.compile_layers = compile_layers
         # transformers renamed the forward's `past_key_values` argument to `cache`; use whichever it takes.
         self._cache_argument = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
         self.input_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -115,8 +122,30 @@ class DecodeGraph:
         self._cache_fields = [name for name, value in output.items() if isinstance(value, Cache)]
 
     def _capture(self, cache) -> None:
-        self.graph, output = capture_graph(lambda: self._run(cache), cache.device_lengths())
+        with compiled(self.compile_layers or []):
+            self.graph, output = capture_graph(lambda: self._run(cache), cache.device_lengths())
         self._keep_output(output)
+
+
+@contextlib.contextmanager
+def compiled(modules: list):
+    """Run each module's forward through ``torch.compile`` (Inductor, without CUDA graphs of its own) inside the
+    block, to capture it: a norm's or an MLP's elementwise work fuses into one kernel or two. Modules of one class
+    share one compiled graph. Outside the block (prefill, eager steps) they run uncompiled, so no prompt length
+    compiles. (Attention modules are not compiled: the cache update they call with their layer index would make
+    every layer compile again.)"""
+    replaced = []
+    for module in modules:
+        replaced.append((module, module.__dict__.get("forward")))
+        module.forward = torch.compile(module.forward, dynamic=False)
+    try:
+        yield
+    finally:
+        for module, own in replaced:
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
 
 
 def capture_graph(run, device_state: list[torch.Tensor]):
@@ -145,7 +174,9 @@ class GraphedForward:
     """An attached model's ``forward``: plain decode steps over a bounded cache replay a `DecodeGraph`; every other
     call goes to the model's own forward (``original``), which `restore` (called by `detach`) puts back."""
 
-    def __init__(self, model, runtime) -> None:
+    def __init__(self, model, runtime, compile_layers: list | None = None) -> None:
+        #: Modules to compile in captured steps (`compiled`), or None.
+        self.compile_layers = compile_layers
         #: The forward the model had (an instance attribute, such as accelerate's hook, stays one after `restore`).
         self.original = model.forward
         self._was_instance_attribute = "forward" in model.__dict__
@@ -176,7 +207,8 @@ class GraphedForward:
                 )
             cache.begin_static(capacity)
             cache.decode_graph = DecodeGraph(self.original, input_ids.shape[0], input_ids.device,
-                                             capture=input_ids.device.type == "cuda")
+                                             capture=input_ids.device.type == "cuda",
+                                             compile_layers=self.compile_layers)
         output = cache.decode_graph.step(cache, input_ids, kwargs.get("attention_mask"), kwargs.get("position_ids"))
         return output if kwargs.get("return_dict", True) is not False else output.to_tuple()
 
