@@ -25,15 +25,15 @@ from elastic_attention.integration.decode_graph import capture_graph
 
 CANDIDATES = {
     "default": DecodeKernelOptions(),
-    "n64_w4_s2": DecodeKernelOptions(block_keys=64, num_warps=4, num_stages=2),
-    "n64_w4_s4": DecodeKernelOptions(block_keys=64, num_warps=4, num_stages=4),
-    "n128_w4_s3": DecodeKernelOptions(block_keys=128, num_warps=4, num_stages=3),
-    "n128_w8_s3": DecodeKernelOptions(block_keys=128, num_warps=8, num_stages=3),
-    "n64_w8_s3": DecodeKernelOptions(block_keys=64, num_warps=8, num_stages=3),
-    "n64_w4_s3_p8": DecodeKernelOptions(programs_per_processor=8),
-    "n64_w4_s3_p2": DecodeKernelOptions(programs_per_processor=2),
-    "n64_w4_s3_split128": DecodeKernelOptions(max_splits=128),
-    "n64_w4_s3_p8_split256": DecodeKernelOptions(programs_per_processor=8, max_splits=256),
+    "n64_w4_s2": DecodeKernelOptions(num_stages=2),
+    "n64_w4_s4": DecodeKernelOptions(num_stages=4),
+    "n128_w4_s3": DecodeKernelOptions(block_keys=128),
+    "n64_w8_s3": DecodeKernelOptions(num_warps=8),
+    "p4_split256": DecodeKernelOptions(max_splits=256),
+    "p8_split128": DecodeKernelOptions(programs_per_processor=8, max_splits=128),
+    "p8_split256": DecodeKernelOptions(programs_per_processor=8, max_splits=256),
+    "p16_split256": DecodeKernelOptions(programs_per_processor=16, max_splits=256),
+    "p16_split512": DecodeKernelOptions(programs_per_processor=16, max_splits=512),
 }
 
 

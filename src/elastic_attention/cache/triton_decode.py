@@ -12,9 +12,10 @@ short ring takes one split). Each program takes its segment's new key and value 
 split also writes them to the cache: a full store at its end, a ring at its slot, with the slot's position), runs
 split-K attention of the segment's query heads over its share of the entries (all of a full store, the filled slots
 of a ring; split 0 starts from the new entry and every split leaves its slot out, since split 0 is writing it), and
-leaves its partial result; the last split of a segment to finish (an atomic count of arrivals) merges the splits that
-hold entries, all query heads at once, writes the output and counts the entry in the segment's length.
-`write_step_entries` writes without attending (a step whose attention took another path).
+leaves its partial result. A second launch merges, one program per (segment, query head), the splits that hold
+entries and writes the output; then every segment's length counts the entry (three launches in all, which a
+captured step replays together). `write_step_entries` writes without attending (a step whose attention took another
+path).
 
 Segments are ordered (sequence, KV head), so segment ``s`` reads the queries of batch row ``s // Hkv`` and query heads
 ``(s % Hkv) * g .. + g - 1`` (g query heads per KV head).
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -44,7 +45,7 @@ class DecodeKernelOptions:
         num_warps, num_stages: Triton's launch options of the step kernel.
         programs_per_processor: how many programs per SM the key splits aim at, counted over the entries of every
             segment (a short ring needs one program, a long full store many).
-        max_splits: at most this many splits per segment (the last to finish merges them all).
+        max_splits: at most this many splits per segment.
     """
 
     block_keys: int = 64
@@ -56,8 +57,6 @@ class DecodeKernelOptions:
 
 #: The options `decode_step` uses unless given others.
 DEFAULT_KERNEL_OPTIONS = DecodeKernelOptions()
-#: Elements (splits x query heads x head_dim) the merge loads per iteration.
-_MERGE_ELEMENTS = 16384
 
 
 def triton_decode_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -83,7 +82,6 @@ class DecodeSegments:
         num_kv_heads: Hkv, so segment s is (sequence s // Hkv, KV head s % Hkv).
         aligned: every key and value address is a multiple of 16 bytes (lets the kernels load 16 bytes at a time; the
             addresses come from memory, so the compiler cannot see it).
-        arrivals: int32 [N], zero between steps: how many key splits of each segment have finished the step.
     """
 
     key_addresses: torch.Tensor
@@ -92,10 +90,6 @@ class DecodeSegments:
     lengths: torch.Tensor
     num_kv_heads: int
     aligned: bool = False
-    arrivals: torch.Tensor = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.arrivals = torch.zeros_like(self.lengths, dtype=torch.int32)
 
     @classmethod
     def from_columns(cls, key_addresses: list[int], value_addresses: list[int], position_addresses: list[int],
@@ -167,23 +161,28 @@ def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.T
         total_entries = max_entries * num_segments
     splits, keys_per_split = _key_splits(max_entries, total_entries, options, query.device)
     block_group = _pow2(group, 16)
+    block_d = _pow2(head_dim, 16)
     partial = torch.empty(num_segments, splits, group, head_dim, device=query.device, dtype=torch.float32)
     maxima = torch.empty(num_segments, splits, group, device=query.device, dtype=torch.float32)
     sums = torch.empty_like(maxima)
     output = torch.empty_like(query)
-    from elastic_attention.cache.triton_decode_kernels import step_kernel
+    from elastic_attention.cache.triton_decode_kernels import merge_kernel, step_kernel
 
     step_kernel[(num_segments, splits)](
         query, query.stride(0), query.stride(1), new_keys, new_values, new_keys.stride(0), new_keys.stride(1),
         new_values.stride(0), new_values.stride(1), num_kv, segments.key_addresses, segments.value_addresses,
-        segments.position_addresses, segments.lengths, segments.arrivals, sink_tokens, local_tokens, keys_per_split,
-        partial, maxima, sums, output, output.stride(0), output.stride(1), scale, splits,
-        GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim, 16), BLOCK_N=options.block_keys,
-        BLOCK_M=_pow2(group, 1), BLOCK_S=max(1, _MERGE_ELEMENTS // (_pow2(group, 1) * _pow2(head_dim, 16))),
-        ALIGNED=segments.aligned and head_dim % 8 == 0,
+        segments.position_addresses, segments.lengths, sink_tokens, local_tokens, keys_per_split, partial, maxima,
+        sums, scale, splits, GROUP=group, BLOCK_G=block_group, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_N=options.block_keys, ALIGNED=segments.aligned and head_dim % 8 == 0,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=options.num_warps, num_stages=options.num_stages,
     )
+    merge_kernel[(num_segments, group)](
+        partial, maxima, sums, output, output.stride(0), output.stride(1), segments.lengths,
+        segments.position_addresses, num_kv, sink_tokens, local_tokens, keys_per_split, splits, GROUP=group,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(1, min(64, _pow2(splits, 1))),
+    )
+    segments.lengths.add_(1)
     return output
 
 

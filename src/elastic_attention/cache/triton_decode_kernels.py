@@ -1,4 +1,4 @@
-"""The Triton kernels of the fused decode step (`cache.triton_decode` launches them).
+"""The Triton kernels of the fused decode step (`cache.triton_decode` launches them: the step, then the merge).
 
 Imported only when a fused step runs, so that importing elastic_attention never imports Triton. Segments, slots and
 the merge of key splits are described in `cache.triton_decode`.
@@ -54,13 +54,13 @@ def write_kernel(new_keys, new_values, key_stride_b, key_stride_h, value_stride_
 @triton.jit
 def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key_stride_b, key_stride_h,
                  value_stride_b, value_stride_h, num_kv, key_addresses, value_addresses, position_addresses,
-                 lengths, arrivals, sink, local, keys_per_split, partial, maxima, sums, output, output_stride_b,
-                 output_stride_h, scale, splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_S: tl.constexpr, ALIGNED: tl.constexpr, PRECISION: tl.constexpr):
+                 lengths, sink, local, keys_per_split, partial, maxima, sums, scale, splits, GROUP: tl.constexpr,
+                 BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 ALIGNED: tl.constexpr, PRECISION: tl.constexpr):
+    """One key split of one segment: its partial result (maximum, sum, weighted values) per query head."""
     segment, split = tl.program_id(0), tl.program_id(1)
     batch_row, head = segment // num_kv, segment % num_kv
-    length = tl.load(lengths + segment)  # before the step; only this segment's last split changes it
+    length = tl.load(lengths + segment)  # before the step (counted after the merge)
     position_address = tl.load(position_addresses + segment)
     entries = length + 1
     if position_address != 0:
@@ -111,42 +111,38 @@ def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key
     tl.store(sums + stats, running_sum, mask=in_group)
     tl.store(partial + stats[:, None] * HEAD_DIM + d[None, :], accumulator,
              mask=in_group[:, None] & in_dim[None, :])
-    tl.debug_barrier()  # every thread's partial results are stored before the arrival is counted
-    if tl.atomic_add(arrivals + segment, 1, sem="acq_rel") == splits - 1:  # the last split merges
-        tl.debug_barrier()
-        used = tl.cdiv(entries, keys_per_split)  # the splits that hold entries (the others start past the end)
-        _merge_splits(partial, maxima, sums, output, output_stride_b, output_stride_h, segment, batch_row, head,
-                      splits, used, GROUP, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_S)
-        tl.store(lengths + segment, length + 1)
-        tl.atomic_xchg(arrivals + segment, 0)
+
 
 @triton.jit
-def _merge_splits(partial, maxima, sums, output, output_stride_b, output_stride_h, segment, batch_row, head,
-                  splits, used, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Merge a segment's first ``used`` key splits for all its query heads at once, BLOCK_S splits at a time (two
-    passes: each head's largest maximum, then the rescaled sums and partial outputs). BLOCK_M: GROUP rounded up to
-    a power of two."""
+def merge_kernel(partial, maxima, sums, output, output_stride_b, output_stride_h, lengths, position_addresses,
+                 num_kv, sink, local, keys_per_split, splits, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One query head of one segment: merge the partial results of the splits that hold entries, BLOCK_S at a time
+    (an online softmax over the splits), and write the output row."""
+    segment, g = tl.program_id(0), tl.program_id(1)
+    batch_row, head = segment // num_kv, segment % num_kv
+    entries = tl.load(lengths + segment) + 1
+    if tl.load(position_addresses + segment) != 0:
+        entries = tl.minimum(entries, sink + local)
+    used = tl.cdiv(entries, keys_per_split)  # later splits start past the end and hold nothing
     s = tl.arange(0, BLOCK_S)
-    g = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
-    in_group, in_dim = g < GROUP, d < HEAD_DIM
-    largest = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    in_dim = d < HEAD_DIM
+    running_max = tl.full([], float("-inf"), tl.float32)
+    running_sum = tl.zeros([], tl.float32)
+    total = tl.zeros([BLOCK_D], tl.float32)
     for first in range(0, used, BLOCK_S):
-        valid = (first + s < used)[:, None] & in_group[None, :]
-        stats = (segment * splits + first + s)[:, None] * GROUP + g[None, :]
-        largest = tl.maximum(largest, tl.max(tl.load(maxima + stats, mask=valid, other=float("-inf")), 0))
-    largest = tl.where(in_group, largest, 0.0)  # finite for every real head: split 0 holds the new entry
-    total_sum = tl.zeros([BLOCK_M], tl.float32)
-    total = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for first in range(0, used, BLOCK_S):
-        valid = (first + s < used)[:, None] & in_group[None, :]
-        stats = (segment * splits + first + s)[:, None] * GROUP + g[None, :]
-        weight = tl.exp(tl.load(maxima + stats, mask=valid, other=float("-inf")) - largest[None, :])
-        total_sum += tl.sum(weight * tl.load(sums + stats, mask=valid, other=0.0), 0)
-        rows = tl.load(partial + stats[:, :, None] * HEAD_DIM + d[None, None, :],
-                       mask=valid[:, :, None] & in_dim[None, None, :], other=0.0)
-        total += tl.sum(weight[:, :, None] * rows, 0)
-    merged = total / tl.where(in_group, total_sum, 1.0)[:, None]
-    rows = output + batch_row * output_stride_b + (head * GROUP + g[:, None]) * output_stride_h + d[None, :]
-    tl.store(rows, merged.to(output.dtype.element_ty), mask=in_group[:, None] & in_dim[None, :])
+        valid = first + s < used
+        stats = (segment * splits + first + s) * GROUP + g
+        split_max = tl.load(maxima + stats, mask=valid, other=float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(split_max, 0))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        rescale = tl.exp(running_max - shift)
+        weights = tl.exp(split_max - shift)
+        running_sum = running_sum * rescale + tl.sum(weights * tl.load(sums + stats, mask=valid, other=0.0), 0)
+        rows = tl.load(partial + stats[:, None] * HEAD_DIM + d[None, :], mask=valid[:, None] & in_dim[None, :],
+                       other=0.0)
+        total = total * rescale + tl.sum(weights[:, None] * rows, 0)
+        running_max = new_max
+    row = output + batch_row * output_stride_b + (head * GROUP + g) * output_stride_h + d
+    tl.store(row, (total / running_sum).to(output.dtype.element_ty), mask=in_dim)  # split 0 holds the new entry
