@@ -30,7 +30,7 @@ CANDIDATES = {
     "n128_w4_s3": DecodeKernelOptions(block_keys=128),
     "n64_w8_s3": DecodeKernelOptions(num_warps=8),
     "p4_split256": DecodeKernelOptions(max_splits=256),
-    "p8_split128": DecodeKernelOptions(programs_per_processor=8, max_splits=128),
+    "p4_split64": DecodeKernelOptions(programs_per_processor=4, max_splits=64),
     "p8_split256": DecodeKernelOptions(programs_per_processor=8, max_splits=256),
     "p16_split256": DecodeKernelOptions(programs_per_processor=16, max_splits=256),
     "p16_split512": DecodeKernelOptions(programs_per_processor=16, max_splits=512),

@@ -51,8 +51,8 @@ class DecodeKernelOptions:
     block_keys: int = 64
     num_warps: int = 4
     num_stages: int = 3
-    programs_per_processor: int = 4
-    max_splits: int = 64
+    programs_per_processor: int = 8
+    max_splits: int = 128
 
 
 #: The options `decode_step` uses unless given others.
