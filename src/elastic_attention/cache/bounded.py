@@ -26,10 +26,10 @@ every ring at its sink + local slots; lengths then advance on the device, and th
 mode ends.
 
 A decode step (one new token per sequence) on a CUDA GPU with Triton takes the fused path of
-`cache.triton_decode`: one launch per layer writes the new entries of every sequence and head, attends them all and
-merges its key splits, whatever the batch size, through a table of the layer's storage addresses that is rebuilt
-only when storage moves (a full store grows, the batch is reordered). Elsewhere, and with
-``fused_decode=False``, the step runs per sequence in torch, which is also the oracle of the fused path.
+`cache.triton_decode`: whatever the batch size, one launch per layer writes the new entries of every sequence and
+head and attends them all, split over the keys, and a second merges the splits, through a table of the layer's
+storage addresses that is rebuilt only when storage moves (a full store grows, the batch is reordered). Elsewhere,
+and with ``fused_decode=False``, the step runs per sequence in torch, which is also the oracle of the fused path.
 """
 
 from __future__ import annotations
@@ -440,7 +440,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         self._pending = None
 
     def _attend_fused(self, query: torch.Tensor, scale: float) -> torch.Tensor:
-        """The fused decode step: write every sequence's new entries and attend them, one launch."""
+        """The fused decode step: write every sequence's new entries and attend them (`triton_decode.decode_step`)."""
         (keys, values), self._pending = self._pending, None
         window = self.cache.window
         if self._static is not None:  # the steps are counted when static mode ends

@@ -6,11 +6,12 @@ logits) goes to the cache's `DecodeGraph`; every other call runs the model's own
 no new code: its decode steps are such calls, whether it samples or not, and a sequence that stopped at EOS keeps
 receiving the pad token, as it does without graphs.
 
-A `DecodeGraph` puts the cache in static mode (`ElasticCache.begin_static`: storage for a capacity allocated once,
-lengths advanced on the device by the kernels), runs the first step once eagerly to warm up (its writes are the ones
-the real step makes, and the device lengths are put back after it), captures the model's forward over static input
-buffers, and replays it. Per step the host copies the new tokens and positions into those buffers, replays, and
-counts the step: nothing per layer, nothing copied to the host. When the longest sequence reaches the capacity, the
+`GraphedForward` puts the cache in static mode (`ElasticCache.begin_static`: storage for a capacity allocated once,
+lengths advanced on the device by the kernels); its `DecodeGraph` runs the first step once eagerly to warm up (its
+writes are the ones the real step makes, and the device lengths are put back after it), captures the model's forward
+over static input buffers, and replays it. Per step the host copies the new tokens and positions into those buffers,
+replays, and counts the step: nothing per layer, and nothing read back but one flag every `MASK_CHECK_INTERVAL` steps
+(`DecodeGraph.check_masks`). When the longest sequence reaches the capacity, the
 cache leaves static mode and the next step captures again with room for more (up to the cache's ``max_length``,
 beyond which the step raises). Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
 ``ElasticCache(model, cuda_graphs=False)``. With ``attach(..., compile_decode=True)`` the captured step runs the
