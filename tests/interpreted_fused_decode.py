@@ -84,7 +84,8 @@ def _teacher_forced(graphs: bool, ids, mask, continuation, max_length=None):
         model(input_ids=ids, attention_mask=mask, cache=cache)
         for step in range(continuation.shape[1]):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits.append(model(input_ids=continuation[:, step : step + 1], attention_mask=mask, cache=cache).logits[:, -1])
+            output = model(input_ids=continuation[:, step : step + 1], attention_mask=mask, cache=cache)
+            logits.append(output.logits[:, -1])
     return torch.stack(logits), cache, model
 
 

@@ -1,4 +1,5 @@
-"""Decode steps replayed from a captured CUDA graph against eager steps and a float64 CPU run (device: pytest -m gpu)."""
+"""Decode steps replayed from a captured CUDA graph against eager steps and a float64 CPU run (device: pytest -m
+gpu)."""
 
 import pytest
 import torch

@@ -114,7 +114,8 @@ class DecodeGraph:
 
     def _run(self, cache):
         return self.forward(input_ids=self.input_ids, position_ids=self.position_ids, use_cache=True,
-                            logits_to_keep=1, return_dict=True, **{self._cache_argument: cache, STATIC_STEP_KWARG: True})
+                            logits_to_keep=1, return_dict=True,
+                            **{self._cache_argument: cache, STATIC_STEP_KWARG: True})
 
     def _keep_output(self, output) -> None:
         """Keep a step's output tensors, and which fields held the cache (so that a graph never holds its cache)."""
@@ -234,7 +235,8 @@ class GraphedForward:
             return None
         if mask is not None and tuple(mask.shape) != (batch, cache.get_seq_length() + 1):
             return None
-        if positions is not None and (positions.ndim != 2 or positions.shape[1] != 1 or positions.shape[0] not in (1, batch)):
+        if positions is not None and (positions.ndim != 2 or positions.shape[1] != 1
+                                      or positions.shape[0] not in (1, batch)):
             return None
         graph = cache.decode_graph
         if graph is not None and graph.input_ids.shape[0] != batch:
