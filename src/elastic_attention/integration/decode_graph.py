@@ -66,8 +66,12 @@ class DecodeGraph:
         self.forward = forward
         self.capture = capture
         self.compile_layers = compile_layers
+        parameters = inspect.signature(forward).parameters
         # transformers renamed the forward's `past_key_values` argument to `cache`; use whichever it takes.
-        self._cache_argument = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self._arguments = {STATIC_STEP_KWARG: True}
+        if "logits_to_keep" in parameters:  # a causal LM (a base model has no logits)
+            self._arguments["logits_to_keep"] = 1
         self.input_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.position_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
         #: True once some step's attention mask marked its new token as padding (checked every few steps).
@@ -114,8 +118,7 @@ class DecodeGraph:
 
     def _run(self, cache):
         return self.forward(input_ids=self.input_ids, position_ids=self.position_ids, use_cache=True,
-                            logits_to_keep=1, return_dict=True,
-                            **{self._cache_argument: cache, STATIC_STEP_KWARG: True})
+                            return_dict=True, **{self._cache_argument: cache}, **self._arguments)
 
     def _keep_output(self, output) -> None:
         """Keep a step's output tensors, and which fields held the cache (so that a graph never holds its cache)."""
