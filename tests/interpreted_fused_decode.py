@@ -201,3 +201,25 @@ def test_static_storage_is_the_capacity_and_no_more():
             assert store.full_keys.shape[1] in (0, capacity)
             assert store.ring_keys.shape[1] == (STATIC_CONFIG.sink_tokens + STATIC_CONFIG.local_tokens
                                                 if store.ring_heads.numel() else 0)
+
+
+def test_the_static_cache_baseline_attends_as_the_dense_model():
+    """`bench decode-graphs`' dense baseline (transformers' StaticCache, the split-K kernel over its filled entries)
+    gives the plain model's logits over 10 steps."""
+    from elastic_attention.bench.decode_graphs import STATIC_ATTENTION, STATIC_ATTENTION_NAME, Stepper, static_copy
+
+    model = tiny_model("llama")
+    model.set_attn_implementation("sdpa")
+    ids = torch.randint(3, 90, (2, 37), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        output = model(input_ids=ids, use_cache=True)
+        token = output.logits[:, -1:].argmax(-1)
+        static = static_copy(model, output.past_key_values, 37, 37 + 20)
+        dense = Stepper(model, output.past_key_values, token, 37)
+        expected = [dense() for _ in range(10)]
+        STATIC_ATTENTION.prepare(static, 37, None)
+        model.set_attn_implementation(STATIC_ATTENTION_NAME)
+        baseline = Stepper(model, static, token, 37)
+        actual = [baseline() for _ in range(10)]
+    assert max(float((a - e).abs().max()) for a, e in zip(actual, expected)) < 1e-5
+    assert all(lengths.tolist() == [47] * 4 for lengths in STATIC_ATTENTION.device_lengths())
