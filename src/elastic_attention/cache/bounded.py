@@ -82,6 +82,13 @@ class SequenceStore:
         """Entries the full store holds: positions ``full_first .. length - 1``."""
         return self.length - self.full_first
 
+    def kept_entries(self, ring_size: int, length: int | None = None) -> int:
+        """Entries a decode step reads over all heads once the sequence has ``length`` tokens (None: ``self.length``):
+        every full-store entry and every filled slot of a ring of ``ring_size`` slots."""
+        length = self.length if length is None else length
+        return (self.full_heads.numel() * (length - self.full_first)
+                + self.ring_heads.numel() * min(length, ring_size))
+
     def clone(self) -> SequenceStore:
         return SequenceStore(*(t.clone() for t in (self.full_heads, self.full_keys, self.full_values,
                                                     self.ring_heads, self.ring_keys, self.ring_values,
@@ -371,14 +378,11 @@ class ElasticCacheLayer(CacheLayerMixin):
         count each segment's length), so it can be captured and replayed."""
         self.commit()
         ring_size = self.cache.window.sink_tokens + self.cache.window.local_tokens
-        total = 0
         for store in self.sequences:
             self._reserve_full(store, capacity - store.full_first, spare=False)
             self._reserve_ring(store, capacity, spare=False)
-            total += store.full_heads.numel() * store.full_count + store.ring_heads.numel() * min(store.length,
-                                                                                                  ring_size)
         self._segments = self._build_segments()
-        self._static = (capacity, total)
+        self._static = (capacity, sum(store.kept_entries(ring_size) for store in self.sequences))
 
     def end_static(self, steps: int) -> None:
         """Leave static mode after ``steps`` replayed steps: count them in the host-side lengths."""
@@ -449,8 +453,7 @@ class ElasticCacheLayer(CacheLayerMixin):
             self.fused_steps += 1
             ring_size = window.sink_tokens + window.local_tokens
             max_entries = max(store.length for store in self.sequences)  # counting this step's entry
-            total_entries = sum(store.full_heads.numel() * store.full_count
-                                + store.ring_heads.numel() * min(store.length, ring_size) for store in self.sequences)
+            total_entries = sum(store.kept_entries(ring_size) for store in self.sequences)
         return decode_step(query, keys, values, self._segments, scale, sink_tokens=window.sink_tokens,
                            local_tokens=window.local_tokens, max_entries=max_entries, total_entries=total_entries,
                            options=self.cache.kernel_options)
