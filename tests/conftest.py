@@ -108,6 +108,56 @@ def per_sample_routers(model):
                 parameter.mul_(300.0)
 
 
+def teacher_forced_decode(model, ids, mask, continuation, cache=None):
+    """Prefill ``ids`` [B, L] (padding ``mask``), then feed ``continuation`` [B, steps] one token per step.
+
+    Returns:
+        (next-token logits [steps + 1, B, vocab] of the prefill and of every step, the cache the steps used).
+    """
+    logits = []
+    with torch.no_grad():
+        output = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        cache = output.past_key_values
+        logits.append(output.logits[:, -1])
+        for step in range(continuation.shape[1]):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            output = model(input_ids=continuation[:, step : step + 1], attention_mask=mask, past_key_values=cache,
+                           use_cache=True)
+            logits.append(output.logits[:, -1])
+    return torch.stack(logits), cache
+
+
+def generate_with_and_without_graphs(config, ids, mask, new_tokens, first_stop):
+    """Per-sample-routed tiny llamas (on the device of ``ids``), attached with CUDA graphs on and off, each
+    generating greedily, greedily with an EOS that stops the first sample after at least ``first_stop`` new tokens
+    (a token the other sample never produces), and with seeded sampling.
+
+    Returns:
+        ({graphs: (greedy, stopped, sampled sequences)}, {graphs: (the greedy and the sampled run's caches)}, the
+        stop step).
+    """
+    from elastic_attention import attach
+
+    prompt, results, caches, stop = ids.shape[1], {}, {}, None
+    for graphs in (True, False):
+        model = tiny_model("llama").to(ids.device)
+        attach(model, config, backend="reference", cuda_graphs=graphs)
+        per_sample_routers(model)
+        with torch.no_grad():
+            greedy = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                    pad_token_id=0, return_dict_in_generate=True)
+            first, second = greedy.sequences[:, prompt:].tolist()
+            stop = next(k for k in range(first_stop, new_tokens) if first[k] not in first[:k] + second)
+            stopped = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                     pad_token_id=0, eos_token_id=first[stop])
+            torch.manual_seed(3)
+            sampled = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=True,
+                                     top_k=0, pad_token_id=0, return_dict_in_generate=True)
+        results[graphs] = greedy.sequences, stopped, sampled.sequences
+        caches[graphs] = greedy.past_key_values, sampled.past_key_values
+    return results, caches, stop
+
+
 def fused_decode_case(device: str, dtype: torch.dtype, group: int, head_dim: int, lengths: list[int]):
     """One fused decode step (`decode_step`) over (sequence, KV head) segments of the given lengths, half of them full
     stores and half rings (sink 5, local 100: empty, filling, at and past the wrap point), against float64 attention

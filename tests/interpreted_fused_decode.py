@@ -6,7 +6,13 @@ import os
 
 import pytest
 import torch
-from conftest import fused_decode_case, per_sample_routers, tiny_model
+from conftest import (
+    fused_decode_case,
+    generate_with_and_without_graphs,
+    per_sample_routers,
+    teacher_forced_decode,
+    tiny_model,
+)
 
 from elastic_attention import ElasticCache, ElasticConfig, attach
 from elastic_attention.errors import InputError
@@ -74,19 +80,13 @@ def _batch(seed=4, prompt=30, steps=60):
 
 
 def _teacher_forced(graphs: bool, ids, mask, continuation, max_length=None):
-    """(next-token logits [steps, 2, vocab], the cache, the model) of fixed tokens fed one step at a time."""
+    """(next-token logits [steps + 1, 2, vocab] of fixed tokens fed one step at a time, the cache, the model)."""
     model = tiny_model("llama")
     attach(model, STATIC_CONFIG, backend="reference")
     per_sample_routers(model)
     cache = ElasticCache(model, cuda_graphs=graphs, max_length=max_length)
-    logits = []
-    with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, cache=cache)
-        for step in range(continuation.shape[1]):
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            output = model(input_ids=continuation[:, step : step + 1], attention_mask=mask, cache=cache)
-            logits.append(output.logits[:, -1])
-    return torch.stack(logits), cache, model
+    logits, cache = teacher_forced_decode(model, ids, mask, continuation, cache)
+    return logits, cache, model
 
 
 def _slot_rule(length: int, sink: int, local: int) -> dict[int, int]:
@@ -128,29 +128,14 @@ def test_static_steps_equal_eager_steps_and_keep_the_slot_rule(monkeypatch):
 def test_generate_with_graphs_equals_generate_without():
     """Greedy, greedy with an EOS that stops one sample early while the other continues, and seeded sampling."""
     ids, mask, _ = _batch(seed=5)
-    prompt, new_tokens = ids.shape[1], 24
-    results = {}
-    for graphs in (True, False):
-        model = tiny_model("llama")
-        attach(model, STATIC_CONFIG, backend="reference", cuda_graphs=graphs)
-        per_sample_routers(model)
-        with torch.no_grad():
-            greedy = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                    pad_token_id=0, return_dict_in_generate=True)
-            first, second = greedy.sequences[:, prompt:].tolist()
-            stop = next(k for k in range(3, new_tokens) if first[k] not in first[:k] + second)
-            stopped = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                     pad_token_id=0, eos_token_id=first[stop])
-            torch.manual_seed(3)
-            sampled = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=True,
-                                     top_k=0, pad_token_id=0, return_dict_in_generate=True)
-        assert (greedy.past_key_values.static_steps > 0) == graphs
-        assert (sampled.past_key_values.static_steps > 0) == graphs
-        results[graphs] = greedy.sequences, stopped, sampled.sequences
+    results, caches, stop = generate_with_and_without_graphs(STATIC_CONFIG, ids, mask, new_tokens=24, first_stop=3)
+    for graphs, pair in caches.items():
+        for cache in pair:
+            assert (cache.static_steps > 0) == graphs
     for with_graphs, without in zip(results[True], results[False]):
         assert torch.equal(with_graphs, without)
-    greedy, stopped = results[True][:2]
-    assert (stopped[0, prompt + stop + 1 :] == 0).all() and torch.equal(stopped[1], greedy[1])
+    greedy, stopped, _ = results[True]
+    assert (stopped[0, ids.shape[1] + stop + 1 :] == 0).all() and torch.equal(stopped[1], greedy[1])
 
 
 def test_static_capacity_is_bounded_by_max_length():

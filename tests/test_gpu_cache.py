@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import fused_decode_case, streaming_suffix_case, tiny_model
+from conftest import fused_decode_case, streaming_suffix_case, teacher_forced_decode, tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, attach, force_routing
 
@@ -25,17 +25,7 @@ def teacher_forced_logits(device, dtype, cache, steps=24, fused_decode=True):
     mask[1, :7] = 0
     continuation = torch.randint(3, 90, (2, steps), generator=generator)
     ids, mask, continuation = ids.to(device), mask.to(device), continuation.to(device)
-    logits = []
-    with torch.no_grad():
-        output = model(input_ids=ids, attention_mask=mask, past_key_values=past, use_cache=True)
-        past = output.past_key_values
-        logits.append(output.logits[:, -1])
-        for step in range(steps):
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            output = model(input_ids=continuation[:, step : step + 1], attention_mask=mask, past_key_values=past,
-                           use_cache=True)
-            logits.append(output.logits[:, -1])
-    return torch.stack(logits).double().cpu()
+    return teacher_forced_decode(model, ids, mask, continuation, past)[0].double().cpu()
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])

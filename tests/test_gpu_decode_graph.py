@@ -3,7 +3,7 @@ gpu)."""
 
 import pytest
 import torch
-from conftest import per_sample_routers, tiny_model
+from conftest import generate_with_and_without_graphs, per_sample_routers, teacher_forced_decode, tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, attach, force_routing
 
@@ -30,17 +30,8 @@ def teacher_forced(device, dtype, graphs, steps=200, routing=None, cache_kind="b
     mask[1, :7] = 0
     continuation = torch.randint(3, 90, (2, steps), generator=generator)
     ids, mask, continuation = ids.to(device), mask.to(device), continuation.to(device)
-    logits = []
-    with torch.no_grad():
-        output = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
-        cache = output.past_key_values
-        logits.append(output.logits[:, -1])
-        for step in range(steps):
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            output = model(input_ids=continuation[:, step : step + 1], attention_mask=mask, past_key_values=cache,
-                           use_cache=True)
-            logits.append(output.logits[:, -1])
-    return torch.stack(logits).double().cpu(), cache
+    logits, cache = teacher_forced_decode(model, ids, mask, continuation, cache)
+    return logits.double().cpu(), cache
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
@@ -74,26 +65,11 @@ def test_generate_with_graphs_equals_generate_without():
     ids = torch.randint(3, 90, (2, 40), generator=generator).cuda()
     mask = torch.ones_like(ids)
     mask[1, :9] = 0
-    prompt, new_tokens = ids.shape[1], 120
-    results = {}
-    for graphs in (True, False):
-        model = tiny_model("llama").cuda()
-        attach(model, CONFIG, backend="reference", cuda_graphs=graphs)
-        per_sample_routers(model)
-        with torch.no_grad():
-            greedy = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                    pad_token_id=0, return_dict_in_generate=True)
-            first, second = greedy.sequences[:, prompt:].tolist()
-            stop = next(k for k in range(10, new_tokens) if first[k] not in first[:k] + second)
-            stopped = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                     pad_token_id=0, eos_token_id=first[stop])
-            torch.manual_seed(3)
-            sampled = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=True,
-                                     top_k=0, pad_token_id=0, return_dict_in_generate=True)
-        for result in (greedy, sampled):
-            assert (result.past_key_values.decode_graph is not None) == graphs
-        results[graphs] = greedy.sequences, stopped, sampled.sequences
+    results, caches, stop = generate_with_and_without_graphs(CONFIG, ids, mask, new_tokens=120, first_stop=10)
+    for graphs, pair in caches.items():
+        for cache in pair:
+            assert (cache.decode_graph is not None) == graphs
     for with_graphs, without in zip(results[True], results[False]):
         assert torch.equal(with_graphs, without)
-    greedy, stopped = results[True][:2]
-    assert (stopped[0, prompt + stop + 1 :] == 0).all() and torch.equal(stopped[1], greedy[1])
+    greedy, stopped, _ = results[True]
+    assert (stopped[0, ids.shape[1] + stop + 1 :] == 0).all() and torch.equal(stopped[1], greedy[1])
