@@ -34,6 +34,12 @@ CANDIDATES = {
     "p8_split256": DecodeKernelOptions(programs_per_processor=8, max_splits=256),
     "p16_split256": DecodeKernelOptions(programs_per_processor=16, max_splits=256),
     "p16_split512": DecodeKernelOptions(programs_per_processor=16, max_splits=512),
+    # splits sized by the step's entries alone, aiming at one wave of programs (2 per SM: 3 stages of 64 keys of
+    # head_dim 128 take 96 KB of shared memory; 3 per SM with 2 stages, 1 with 4)
+    "p2_split1024": DecodeKernelOptions(programs_per_processor=2, max_splits=1024),
+    "p4_split1024": DecodeKernelOptions(programs_per_processor=4, max_splits=1024),
+    "p3_split1024_s2": DecodeKernelOptions(programs_per_processor=3, max_splits=1024, num_stages=2),
+    "p1_split1024_s4": DecodeKernelOptions(programs_per_processor=1, max_splits=1024, num_stages=4),
 }
 
 

@@ -208,3 +208,41 @@ def test_the_static_cache_baseline_attends_as_the_dense_model():
         actual = [baseline() for _ in range(10)]
     assert max(float((a - e).abs().max()) for a, e in zip(actual, expected)) < 1e-5
     assert all(lengths.tolist() == [47] * 4 for lengths in STATIC_ATTENTION.device_lengths())
+
+
+def _compiled_static_steps(layers: int, compile_layers: bool):
+    """(logits [steps, 2, vocab] of 4 static steps of a ``layers``-layer tiny llama, whether each decoder layer ran
+    through ``decode_graph.compiled`` as ``compile_decode=True`` captures it, and the graphs Dynamo compiled)."""
+    from torch._dynamo.utils import counters
+
+    from elastic_attention.integration import decode_graph
+    from elastic_attention.integration.families import decoder_layers, family_of
+
+    torch._dynamo.reset()
+    counters.clear()
+    ids, mask, continuation = _batch(steps=4)
+    model = tiny_model("llama", layers=layers)
+    attach(model, STATIC_CONFIG, backend="reference")
+    per_sample_routers(model)
+    cache = ElasticCache(model, cuda_graphs=True)
+    parts = decoder_layers(model.model, family_of(model)[1]) if compile_layers else []
+    logits = []
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, cache=cache)
+        with decode_graph.compiled(parts):
+            for step in range(continuation.shape[1]):
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                logits.append(model(input_ids=continuation[:, step : step + 1], attention_mask=mask,
+                                    cache=cache).logits[:, -1])
+    assert cache.static_steps == continuation.shape[1]
+    return torch.stack(logits), counters["stats"]["unique_graphs"]
+
+
+def test_compiled_layers_equal_uncompiled_ones_and_compile_once_for_every_layer():
+    """Static steps with every decoder layer compiled (the cache update, attention and key hook left untraced) give
+    the uncompiled logits, and a model of 4 layers compiles as many graphs as one of 2 (the layers share them)."""
+    plain, _ = _compiled_static_steps(4, compile_layers=False)
+    compiled_steps, graphs = _compiled_static_steps(4, compile_layers=True)
+    _, graphs_of_two = _compiled_static_steps(2, compile_layers=True)
+    assert float((compiled_steps - plain).abs().max()) < 1e-5
+    assert 0 < graphs == graphs_of_two

@@ -14,11 +14,12 @@ CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4
 ROUTING = torch.tensor([[True, False], [False, False]])
 
 
-def teacher_forced(device, dtype, graphs, steps=200, routing=None, cache_kind="bounded"):
+def teacher_forced(device, dtype, graphs, steps=200, routing=None, cache_kind="bounded", compile_decode=False,
+                   layers=2):
     """(next-token logits [steps + 1, 2, vocab] float64 on the CPU, the cache) of a left-padded batch of 2 (prompts of
     40 and 33 tokens) fed fixed tokens; per-sample routers unless ``routing`` forces one."""
-    model = tiny_model("llama").to(device=device, dtype=dtype)
-    attach(model, CONFIG, backend="reference", cache=cache_kind, cuda_graphs=graphs)
+    model = tiny_model("llama", layers=layers).to(device=device, dtype=dtype)
+    attach(model, CONFIG, backend="reference", cache=cache_kind, cuda_graphs=graphs, compile_decode=compile_decode)
     if routing is None:
         per_sample_routers(model)
     else:
@@ -50,6 +51,15 @@ def test_replayed_steps_equal_eager_steps(dtype, tolerance, recapture, monkeypat
     assert eager_cache.static_capacity is None
     scale = float(eager.abs().max())
     assert float((replayed - eager).abs().max()) <= tolerance * scale
+
+
+def test_replayed_compiled_steps_equal_eager_steps():
+    """``compile_decode=True``: the captured step runs every decoder layer (3: the third reuses the graphs compiled
+    for the second) through torch.compile."""
+    replayed, cache = teacher_forced("cuda", torch.float32, graphs=True, compile_decode=True, layers=3)
+    eager, _ = teacher_forced("cuda", torch.float32, graphs=False, layers=3)
+    assert cache.decode_graph is not None and cache.decode_graph.graph is not None
+    assert float((replayed - eager).abs().max()) <= 1e-4 * float(eager.abs().max())
 
 
 def test_replayed_steps_match_float64():

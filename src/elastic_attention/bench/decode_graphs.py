@@ -7,13 +7,15 @@ times ``--steps`` decode steps (median, CUDA events; each step is the model's fo
 sequence, host work included) of each kind:
 
 - ``bounded``: elastic attention attached (``compile_decode=True``), routing forced to ``--msr`` (FA-SSA), the
-  `ElasticCache`; its steps replay a captured graph (`integration.decode_graph`) whose norms and MLPs went through
-  torch.compile, the first step's capture (and compile) left out of the timing;
+  `ElasticCache`; its steps replay a captured graph (`integration.decode_graph`) whose decoder layers went through
+  torch.compile (the cache update and attention outside the compiled graphs), the first step's capture (and
+  compile) left out of the timing;
 - ``bounded_graph_uncompiled``: the same, nothing compiled;
 - ``bounded_eager``: the same cache with its steps run eagerly (``cuda_graphs=False``, the fused kernels);
 - ``dense``: the model without elastic attention, its own dynamic cache and SDPA as torch picks it, eagerly;
 - ``dense_static_graph``: the model without elastic attention over transformers' `StaticCache` (the dense cache
-  copied in after the prefill), its forward captured as a CUDA graph with the same parts compiled, attention by the
+  copied in after the prefill), its forward captured as a CUDA graph with the same layers compiled (the cache
+  update and attention outside the compiled graphs, as for ``bounded``), attention by the
   same fused split-K decode kernel over each (sequence, KV head)'s filled entries (`StaticCacheDecodeAttention`):
   one read of the cache per step, no key/value repeated per query head (transformers' SDPA path over a static cache
   repeats them and masks every unfilled slot; under a graph it needs a mask that changes per step);
@@ -52,7 +54,7 @@ from elastic_attention.bench.model import (
 from elastic_attention.bench.timing import copy_bandwidth, parse_tokens, run_header, timed, write_result
 from elastic_attention.cache.triton_decode import DecodeKernelOptions, DecodeSegments, decode_step
 from elastic_attention.integration.decode_graph import capture_graph, compiled
-from elastic_attention.integration.families import family_of, layer_parts_around_attention
+from elastic_attention.integration.families import decoder_layers, family_of
 
 STATIC_ATTENTION_NAME = "static_cache_decode"
 #: SDPA's backends other than cuDNN.
@@ -88,6 +90,7 @@ class StaticCacheDecodeAttention:
     def device_lengths(self) -> list[torch.Tensor]:
         return [segments.lengths for segments in self.segments.values()]
 
+    @torch.compiler.disable  # as elastic attention's function: a compiled layer calls it untraced
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         """query [B, Hq, 1, D]; key/value the cache's [B, Hkv, capacity, D] (the step's entry already written at its
         length, which the kernel writes again). Returns ([B, 1, Hq, D], None)."""
@@ -168,9 +171,19 @@ class Stepper:
         return logits
 
 
+class UntracedStaticCache(StaticCache):
+    """transformers' `StaticCache` whose ``update`` a compiled layer calls untraced, as the bounded cache's: traced,
+    its list lookup by layer index would compile every layer again."""
+
+    @torch.compiler.disable
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
 def static_copy(model, dense: DynamicCache, length: int, capacity: int) -> StaticCache:
-    """transformers' StaticCache for ``capacity`` tokens holding the ``length`` entries of ``dense``."""
-    static = StaticCache(config=model.config, max_cache_len=capacity)
+    """transformers' StaticCache (`UntracedStaticCache`) for ``capacity`` tokens holding the ``length`` entries of
+    ``dense``."""
+    static = UntracedStaticCache(config=model.config, max_cache_len=capacity)
     for index, layer in enumerate(dense.layers):
         static.update(layer.keys[:, :, :length], layer.values[:, :, :length], index)
     return static
@@ -186,8 +199,8 @@ def prefill(model, prompt: torch.Tensor, cache=None):
 
 
 def compile_parts(model) -> list:
-    """The modules the compiled kinds run through torch.compile: every decoder layer's parts around attention."""
-    return layer_parts_around_attention(model.model, family_of(model)[1])
+    """The modules the compiled kinds run through torch.compile: every decoder layer."""
+    return decoder_layers(model.model, family_of(model)[1])
 
 
 def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list[dict]:
@@ -362,7 +375,7 @@ def run(args) -> dict:
             "dense": "the model without elastic attention: its dynamic cache, SDPA as torch picks it or without "
                      "cuDNN (the faster), eager steps",
             "dense_static_graph": "the model without elastic attention over transformers' StaticCache, its forward "
-                                  "captured as a CUDA graph (norms and MLPs through torch.compile), attention by "
+                                  "captured as a CUDA graph (decoder layers through torch.compile), attention by "
                                   "the fused split-K GQA decode kernel",
         },
         "results": rows,

@@ -639,6 +639,11 @@ class ElasticCache(Cache):
         """The sequences of the forward that is about to update this cache."""
         self.layout = layout
 
+    @torch.compiler.disable  # a compiled decoder layer calls it as it is: its layer index stays a plain argument
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """transformers' `Cache.update`: layer ``layer_idx`` stores the step's entries (`ElasticCacheLayer.update`)."""
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
     def route_layer(self, layer_index: int, streaming: torch.Tensor) -> None:
         """A prefill's routing of one layer: ``streaming`` [N, Hkv] bool, True for the KV heads of each sequence
         that keep only their sink and window (SSA); the other heads keep every entry."""

@@ -17,10 +17,10 @@ from elastic_attention.errors import BackendUnavailableError, ConfigError, Input
 from elastic_attention.integration.decode_graph import GraphedForward
 from elastic_attention.integration.families import (
     attention_modules,
+    decoder_layers,
     decoder_of,
     family_of,
     layer_kinds,
-    layer_parts_around_attention,
     model_window,
 )
 from elastic_attention.integration.report import RoutingReport
@@ -72,9 +72,10 @@ def attach(
             where SSA heads keep only their sink and window; ``"full"``: the model's own cache, every key kept.
         cuda_graphs: decode steps over the bounded cache on a CUDA GPU are captured once as a CUDA graph and
             replayed (`integration.decode_graph`); False runs every step eagerly.
-        compile_decode: with ``cuda_graphs``, the parts of each decoder layer around its attention (for Llama the
-            norms and the MLP) run through ``torch.compile`` in the captured step, which fuses their elementwise
-            work into fewer kernels; the first capture of each batch size compiles.
+        compile_decode: with ``cuda_graphs``, every decoder layer runs through ``torch.compile`` in the captured
+            step (norms, projections, rotary embedding, MLP; the cache update and attention stay outside the
+            compiled graphs), which fuses their elementwise work into fewer kernels; the first capture of each batch
+            size compiles (one compiled layer serves every layer).
 
     Returns:
         The same model.
@@ -145,8 +146,7 @@ def attach(
     for module in modules:
         object.__setattr__(module, RUNTIME_ATTRIBUTE, runtime)
     object.__setattr__(model, RUNTIME_ATTRIBUTE, runtime)
-    model.forward = GraphedForward(model, runtime,
-                                   layer_parts_around_attention(decoder, family) if compile_decode else None)
+    model.forward = GraphedForward(model, runtime, decoder_layers(decoder, family) if compile_decode else None)
     model.set_attn_implementation(WINDOWED_ATTENTION_NAME if runtime.sliding_layers else ATTENTION_NAME)
     return model
 
@@ -250,6 +250,7 @@ def force_routing(model: nn.Module, routing: str | torch.Tensor | None) -> None:
 
 
 def _key_hook(runtime: ElasticRuntime, layer_index: int):
+    @torch.compiler.disable  # a compiled layer (compile_decode) calls it as it is, without tracing into the runtime
     def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         runtime.after_key_source(layer_index, output)
 

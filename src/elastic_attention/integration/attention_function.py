@@ -21,6 +21,7 @@ ATTENTION_NAME = "elastic_attention"
 WINDOWED_ATTENTION_NAME = "elastic_attention_windowed"
 
 
+@torch.compiler.disable  # a compiled decoder layer (compile_decode) calls it as it is, without tracing into it
 def elastic_attention_forward(
     module: nn.Module,
     query: torch.Tensor,

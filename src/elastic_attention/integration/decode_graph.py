@@ -14,9 +14,8 @@ replays, and counts the step: nothing per layer, and nothing read back but one f
 (`DecodeGraph.check_masks`). When the longest sequence reaches the capacity, the
 cache leaves static mode and the next step captures again with room for more (up to the cache's ``max_length``,
 beyond which the step raises). Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
-``ElasticCache(model, cuda_graphs=False)``. With ``attach(..., compile_decode=True)`` the captured step runs the
-parts of the decoder layers around attention through ``torch.compile`` (`compiled`), which fuses their elementwise
-work.
+``ElasticCache(model, cuda_graphs=False)``. With ``attach(..., compile_decode=True)`` the captured step runs every
+decoder layer through ``torch.compile`` (`compiled`), which fuses the elementwise work around the projections.
 """
 
 from __future__ import annotations
@@ -57,8 +56,8 @@ class DecodeGraph:
         device: the cache's device.
         capture: False runs every step eagerly through the same static path (the oracle of the replayed step, and
             what runs where graphs cannot be captured).
-        compile_layers: modules to run through ``torch.compile`` in the captured step (the parts of the decoder
-            layers around attention), or None.
+        compile_layers: modules to run through ``torch.compile`` in the captured step (the decoder layers), or
+            None.
     """
 
     def __init__(self, forward, batch: int, device: torch.device, capture: bool = True,
@@ -135,16 +134,19 @@ class DecodeGraph:
 @contextlib.contextmanager
 def compiled(modules: list):
     """Run each module's forward through ``torch.compile`` (Inductor, without CUDA graphs of its own) inside the
-    block, to capture it: a norm's or an MLP's elementwise work fuses into one kernel or two. Modules of one class
-    share one compiled graph. Outside the block (prefill, eager steps) they run uncompiled, so no prompt length
-    compiles. (Attention modules are not compiled: the cache update they call with their layer index would make
-    every layer compile again.)"""
+    block, to capture it: the elementwise work of a decoder layer (norms, rotary embedding, residual adds, the MLP's
+    activation) fuses into a few kernels around the projections. The cache update, the attention function and the
+    key hook are ``torch.compiler.disable``d, so they run as they are between the compiled graphs. Modules of one
+    class share their compiled graphs: integers read from a module (a layer's index) become graph inputs after the
+    second layer, so one recompile serves every layer. Outside the block (prefill, eager steps) the modules run
+    uncompiled, so no prompt length compiles."""
     replaced = []
     for module in modules:
         replaced.append((module, module.__dict__.get("forward")))
-        module.forward = torch.compile(module.forward, dynamic=False)
+        module.forward = torch.compile(module.forward, dynamic=None)
     try:
-        yield
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+            yield
     finally:
         for module, own in replaced:
             if own is None:

@@ -128,12 +128,6 @@ def decoder_layers(decoder: nn.Module, family: FamilySpec) -> list[nn.Module]:
     return list(_resolve(decoder, family.layers))
 
 
-def layer_parts_around_attention(decoder: nn.Module, family: FamilySpec) -> list[nn.Module]:
-    """Every child module of every decoder layer but its attention module (for Llama: the two norms and the MLP)."""
-    return [child for layer in decoder_layers(decoder, family) for name, child in layer.named_children()
-            if name != family.attention]
-
-
 def attention_modules(decoder: nn.Module, family: FamilySpec) -> list[nn.Module]:
     """Attention module of every decoder layer, in layer order."""
     modules = []
