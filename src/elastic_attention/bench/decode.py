@@ -4,7 +4,7 @@ Builds a decoder with random bf16 weights from a config (default: the Llama-3.1-
 and, for each length, prefills one random prompt of batch 1 with each cache kind:
 
 - ``bounded``: elastic attention attached with routing forced to ``--msr`` (FA-SSA) and `ElasticCache` (its decode
-  steps fused on a GPU with Triton: one launch per layer, see `cache.triton_decode`);
+  steps fused on a GPU with Triton: two launches per layer, see `cache.triton_decode`);
 - ``bounded_torch``: the same cache with its per-sequence torch decode step (``fused_decode=False``);
 - ``full``: the same routing with the model's own full cache (the paper's decode: SSA heads masked, nothing freed);
 - ``dense``: the unmodified model (elastic attention detached) with its own cache and attention implementation.

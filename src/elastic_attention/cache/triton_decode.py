@@ -6,16 +6,16 @@ order and reads all of them; a streaming head holds a ring of ``sink + local`` s
 position goes to which slot) and reads the slots filled so far. `DecodeSegments` lists the segments of one layer by
 address, so one launch reaches all of them whatever tensor each lives in.
 
-A decode step is one launch per layer, whatever the batch size (`decode_step`): a grid of segments x key splits, the
+A decode step is two launches per layer, whatever the batch size (`decode_step`): a grid of segments x key splits, the
 splits sized from the entries of all segments together (so a batch-1 step at long lengths still fills the GPU, and a
 short ring takes one split). Each program takes its segment's new key and value from the step's states (the first
 split also writes them to the cache: a full store at its end, a ring at its slot, with the slot's position), runs
 split-K attention of the segment's query heads over its share of the entries (all of a full store, the filled slots
 of a ring; split 0 starts from the new entry and every split leaves its slot out, since split 0 is writing it), and
-leaves its partial result. A second launch merges, one program per (segment, query head), the splits that hold
-entries and writes the output; then every segment's length counts the entry (three launches in all, which a
-captured step replays together). `write_step_entries` writes without attending (a step whose attention took another
-path).
+leaves its partial result. A second launch merges, one program per (segment, query head, chunk of head_dim), the
+splits that hold entries, writes the output and counts the entry in the segment's length (two launches in all,
+which a captured step replays together). `write_step_entries` writes without attending (a step whose attention took
+another path).
 
 Segments are ordered (sequence, KV head), so segment ``s`` reads the queries of batch row ``s // Hkv`` and query heads
 ``(s % Hkv) * g .. + g - 1`` (g query heads per KV head).
@@ -57,6 +57,9 @@ class DecodeKernelOptions:
 
 #: The options `decode_step` uses unless given others.
 DEFAULT_KERNEL_OPTIONS = DecodeKernelOptions()
+#: Elements of head_dim per merge program: a long full store's splits, merged by one program per query head, made the
+#: merge take 7 us per layer on the H200 at 128K tokens (latency of one SM's loads); chunks spread it over more SMs.
+MERGE_CHUNK = 32
 
 
 def triton_decode_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -78,7 +81,8 @@ class DecodeSegments:
     Attributes:
         key_addresses, value_addresses: address of entry 0 of the segment's keys / values (rows of head_dim).
         position_addresses: a ring's slot positions (int64 [sink + local]), 0 for a full-store segment.
-        lengths: entries the segment's sequence has so far (positions 0 .. length - 1); the write kernel adds one.
+        lengths: entries the segment's sequence has so far (positions 0 .. length - 1); a step adds one (its write
+            or merge kernel).
         num_kv_heads: Hkv, so segment s is (sequence s // Hkv, KV head s % Hkv).
         aligned: every key and value address is a multiple of 16 bytes (lets the kernels load 16 bytes at a time; the
             addresses come from memory, so the compiler cannot see it).
@@ -94,7 +98,8 @@ class DecodeSegments:
     @classmethod
     def from_columns(cls, key_addresses: list[int], value_addresses: list[int], position_addresses: list[int],
                      lengths: list[int], num_kv_heads: int, device: torch.device) -> DecodeSegments:
-        """A table from host lists (one entry per segment, in (sequence, KV head) order), copied to ``device`` at once."""
+        """A table from host lists (one entry per segment, in (sequence, KV head) order), copied to ``device``
+        at once."""
         table = torch.tensor([key_addresses, value_addresses, position_addresses, lengths], dtype=torch.int64)
         aligned = all(address % 16 == 0 for address in key_addresses + value_addresses)
         return cls(*table.to(device), num_kv_heads=num_kv_heads, aligned=aligned)
@@ -129,9 +134,9 @@ def write_step_entries(new_keys: torch.Tensor, new_values: torch.Tensor, segment
 def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor, segments: DecodeSegments,
                 scale: float, *, sink_tokens: int, local_tokens: int, max_entries: int,
                 total_entries: int | None = None, options: DecodeKernelOptions | None = None) -> torch.Tensor:
-    """One decode step of a layer in one launch: write each segment's new entry (as `write_step_entries`), attend the
-    step's query to every entry the segment keeps (all of a full store, the filled slots of a ring, the new entry
-    among them), and count the entry (``segments.lengths += 1``).
+    """One decode step of a layer in two launches (the splits, the merge): write each segment's new entry (as
+    `write_step_entries`), attend the step's query to every entry the segment keeps (all of a full store, the filled
+    slots of a ring, the new entry among them), and count the entry (``segments.lengths += 1``).
 
     Args:
         query: [B, Hq, 1, D], the last axis contiguous; Hq = g * Hkv.
@@ -177,12 +182,12 @@ def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.T
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=options.num_warps, num_stages=options.num_stages,
     )
-    merge_kernel[(num_segments, group)](
+    merge_chunk = min(block_d, MERGE_CHUNK)
+    merge_kernel[(num_segments, group, _ceil_div(head_dim, merge_chunk))](
         partial, maxima, sums, output, output.stride(0), output.stride(1), segments.lengths,
         segments.position_addresses, num_kv, sink_tokens, local_tokens, keys_per_split, splits, GROUP=group,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(1, min(64, _pow2(splits, 1))),
+        HEAD_DIM=head_dim, BLOCK_D=merge_chunk, BLOCK_S=max(1, min(128, _pow2(splits, 1))),
     )
-    segments.lengths.add_(1)
     return output
 
 

@@ -117,16 +117,22 @@ def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key
 def merge_kernel(partial, maxima, sums, output, output_stride_b, output_stride_h, lengths, position_addresses,
                  num_kv, sink, local, keys_per_split, splits, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One query head of one segment: merge the partial results of the splits that hold entries, BLOCK_S at a time
-    (an online softmax over the splits), and write the output row."""
-    segment, g = tl.program_id(0), tl.program_id(1)
+    """One query head of one segment, BLOCK_D of its head_dim: merge the partial results of the splits that hold
+    entries, BLOCK_S at a time (an online softmax over the splits), write the output, and count the step's entry
+    (the program of the segment's first head and chunk adds one to its length).
+
+    Another program of the segment may read the length after that program counted it, and then merges one split
+    more: a split past this step's entries, which the step kernel left empty (maximum -inf, sum 0), so it adds
+    nothing."""
+    segment, g, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     batch_row, head = segment // num_kv, segment % num_kv
-    entries = tl.load(lengths + segment) + 1
+    length = tl.load(lengths + segment)
+    entries = length + 1
     if tl.load(position_addresses + segment) != 0:
         entries = tl.minimum(entries, sink + local)
-    used = tl.cdiv(entries, keys_per_split)  # later splits start past the end and hold nothing
+    used = tl.minimum(tl.cdiv(entries, keys_per_split), splits)  # later splits start past the end: empty
     s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
+    d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
     in_dim = d < HEAD_DIM
     running_max = tl.full([], float("-inf"), tl.float32)
     running_sum = tl.zeros([], tl.float32)
@@ -146,3 +152,5 @@ def merge_kernel(partial, maxima, sums, output, output_stride_b, output_stride_h
         running_max = new_max
     row = output + batch_row * output_stride_b + (head * GROUP + g) * output_stride_h + d
     tl.store(row, (total / running_sum).to(output.dtype.element_ty), mask=in_dim)  # split 0 holds the new entry
+    if g == 0 and chunk == 0:
+        tl.store(lengths + segment, length + 1)
