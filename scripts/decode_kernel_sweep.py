@@ -23,23 +23,26 @@ from elastic_attention.bench.timing import copy_bandwidth, parse_tokens, run_hea
 from elastic_attention.cache.triton_decode import DecodeKernelOptions, DecodeSegments, decode_step
 from elastic_attention.integration.decode_graph import capture_graph
 
+def _candidate(programs: int, splits: int, stages: int = 3, warps: int = 4, block: int = 64) -> DecodeKernelOptions:
+    return DecodeKernelOptions(block_keys=block, num_warps=warps, num_stages=stages, programs_per_processor=programs,
+                               max_splits=splits)
+
+
+#: Named p<programs per SM>_s<most splits>_st<stages> (and _w<warps>, _n<keys per block> where not 4 and 64). With
+#: head_dim 128, 64 keys a block and 3 stages take 96 KB of shared memory, so 2 programs fit on an SM (3 with 2
+#: stages, 1 with 4): "p2_s1024_st3" and "p3_s1024_st2" aim at one wave of programs over the step's entries.
 CANDIDATES = {
     "default": DecodeKernelOptions(),
-    "n64_w4_s2": DecodeKernelOptions(num_stages=2),
-    "n64_w4_s4": DecodeKernelOptions(num_stages=4),
-    "n128_w4_s3": DecodeKernelOptions(block_keys=128),
-    "n64_w8_s3": DecodeKernelOptions(num_warps=8),
-    "p4_split256": DecodeKernelOptions(max_splits=256),
-    "p4_split64": DecodeKernelOptions(programs_per_processor=4, max_splits=64),
-    "p8_split256": DecodeKernelOptions(programs_per_processor=8, max_splits=256),
-    "p16_split256": DecodeKernelOptions(programs_per_processor=16, max_splits=256),
-    "p16_split512": DecodeKernelOptions(programs_per_processor=16, max_splits=512),
-    # splits sized by the step's entries alone, aiming at one wave of programs (2 per SM: 3 stages of 64 keys of
-    # head_dim 128 take 96 KB of shared memory; 3 per SM with 2 stages, 1 with 4)
-    "p2_split1024": DecodeKernelOptions(programs_per_processor=2, max_splits=1024),
-    "p4_split1024": DecodeKernelOptions(programs_per_processor=4, max_splits=1024),
-    "p3_split1024_s2": DecodeKernelOptions(programs_per_processor=3, max_splits=1024, num_stages=2),
-    "p1_split1024_s4": DecodeKernelOptions(programs_per_processor=1, max_splits=1024, num_stages=4),
+    "p8_s128_st3": _candidate(8, 128),
+    "p8_s256_st3": _candidate(8, 256),
+    "p4_s64_st3": _candidate(4, 64),
+    "p16_s512_st3": _candidate(16, 512),
+    "p2_s1024_st3": _candidate(2, 1024),
+    "p4_s1024_st3": _candidate(4, 1024),
+    "p1_s1024_st4": _candidate(1, 1024, stages=4),
+    "p6_s1024_st2": _candidate(6, 1024, stages=2),
+    "p3_s1024_st2_w8": _candidate(3, 1024, stages=2, warps=8),
+    "p3_s1024_st2_n128": _candidate(3, 1024, stages=2, block=128),
 }
 
 

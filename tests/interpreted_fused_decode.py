@@ -22,12 +22,14 @@ from elastic_attention.integration import runtime_of
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 
 
-@pytest.mark.parametrize("group, head_dim, processors",
-                         [(4, 32, 4), (1, 16, 4), (3, 24, 4), (4, 32, 50), (2, 40, 50)])
-def test_fused_decode_kernels_match_float64(group, head_dim, processors, monkeypatch):
-    """With 50 "processors" the longer segments split their keys (24 splits, then merged); a
-    head_dim of 40 takes two merge programs per query head (chunks of 32, the second cut at 40)."""
+@pytest.mark.parametrize("group, head_dim, processors, merge_splits",
+                         [(4, 32, 4, 128), (1, 16, 4, 128), (3, 24, 4, 128), (4, 32, 50, 128), (2, 40, 50, 4)])
+def test_fused_decode_kernels_match_float64(group, head_dim, processors, merge_splits, monkeypatch):
+    """With 50 "processors" the longer segments split their keys (8 splits of 384, against 1 with 4), then merged;
+    the last case merges 4 splits at a time (two rounds), and its head_dim of 40 takes two merge programs per query
+    head (chunks of 32, the second cut at 40)."""
     monkeypatch.setattr(triton_decode, "_processors", lambda device: processors)
+    monkeypatch.setattr(triton_decode, "MERGE_SPLITS", merge_splits)
     actual, expected = fused_decode_case("cpu", torch.float32, group, head_dim, [0, 37, 104, 105, 2175, 3001])
     assert float((actual - expected).abs().max()) < 1e-4
 

@@ -121,6 +121,16 @@ def test_eval_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert "| local_recall | robust | 600 |" in (tmp_path / "eval.md").read_text()
 
 
+def test_static_mode_without_its_msr_is_refused_before_any_forward(backbone, monkeypatch):
+    from elastic_attention.evaluation import pipeline
+
+    model, tokenizer = backbone
+    monkeypatch.setattr(pipeline, "rank_heads", lambda *args: pytest.fail("ranked the heads first"))
+    with pytest.raises(InputError, match="static mode needs --static-msr"):
+        pipeline.evaluate_model(model, tokenizer, router=None, modes=["full", "static"], tasks=["local_recall"],
+                                lengths=[600], samples=1, progress=False)
+
+
 def test_task_and_length_arguments():
     assert resolve_tasks(["robust"]) == ["local_recall", "local_pattern", "local_count"]
     with pytest.raises(InputError, match="unknown synthetic suite tasks"):

@@ -38,7 +38,8 @@ import importlib.util
 @dataclass(frozen=True)
 class DecodeKernelOptions:
     """How `decode_step` launches its kernel. The defaults were the fastest of `scripts/decode_kernel_sweep.py` on
-    the H200 (benchmarks/results/decode_kernel_sweep.json), over 32K and 128K entries at batch 1 and 8.
+    the H200 (benchmarks/results/decode_kernel_sweep.json: candidate "p3_split1024_s2"), over 32K and 128K entries
+    at batch 1 and 8.
 
     Attributes:
         block_keys: keys per block of the attention loop (a power of two, at least 16).
@@ -50,9 +51,9 @@ class DecodeKernelOptions:
 
     block_keys: int = 64
     num_warps: int = 4
-    num_stages: int = 3
-    programs_per_processor: int = 8
-    max_splits: int = 128
+    num_stages: int = 2
+    programs_per_processor: int = 3
+    max_splits: int = 1024
 
 
 #: The options `decode_step` uses unless given others.
@@ -60,6 +61,8 @@ DEFAULT_KERNEL_OPTIONS = DecodeKernelOptions()
 #: Elements of head_dim per merge program: a long full store's splits, merged by one program per query head, made the
 #: merge take 7 us per layer on the H200 at 128K tokens (latency of one SM's loads); chunks spread it over more SMs.
 MERGE_CHUNK = 32
+#: Splits a merge program reads at once (more take several rounds of its online softmax).
+MERGE_SPLITS = 128
 
 
 def triton_decode_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -186,7 +189,7 @@ def decode_step(query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.T
     merge_kernel[(num_segments, group, _ceil_div(head_dim, merge_chunk))](
         partial, maxima, sums, output, output.stride(0), output.stride(1), segments.lengths,
         segments.position_addresses, num_kv, sink_tokens, local_tokens, keys_per_split, splits, GROUP=group,
-        HEAD_DIM=head_dim, BLOCK_D=merge_chunk, BLOCK_S=max(1, min(128, _pow2(splits, 1))),
+        HEAD_DIM=head_dim, BLOCK_D=merge_chunk, BLOCK_S=max(1, min(MERGE_SPLITS, _pow2(splits, 1))),
     )
     return output
 

@@ -106,6 +106,8 @@ def evaluate_model(
         (results, context): the cells and a dict of what was used (static MSRs and head sets, config).
     """
     modes = check_modes(modes)
+    if "static" in modes and static_msr is None and "elastic" not in modes:  # before the ranking's forwards
+        raise InputError("the static mode needs --static-msr, or the elastic mode to take its MSR from")
     context: dict = {}
     scores = None
     if any(is_static(mode) for mode in modes):
@@ -129,8 +131,6 @@ def evaluate_model(
                 msr = static_msr
             if msr is None:
                 elastic = [r.msr for r in results if r.mode == "elastic"]
-                if not elastic:
-                    raise InputError("the static mode needs --static-msr, or the elastic mode to take its MSR from")
                 msr = sum(elastic) / len(elastic)
             routed = runtime_of(model).routed_layers
             routing = static_routing(scores[list(routed)], msr)
