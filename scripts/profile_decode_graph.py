@@ -5,6 +5,9 @@ rest), per step, against the step's time (CUDA events) and its bandwidth bound; 
 and the sum of its kernels is the time between kernels.
 
   python scripts/profile_decode_graph.py --length 131072 --batch 1 [--kinds bounded,dense_static_graph]
+
+``--blas`` (torch's preferred BLAS library) and ``--exact-bf16-reductions`` (no reduced-precision reductions in
+bf16 matrix products) ask whether cuBLAS's choice of GEMV kernels can be bettered for the captured step.
 """
 
 from __future__ import annotations
@@ -88,7 +91,16 @@ def main() -> None:
     parser.add_argument("--kinds", default="bounded,dense_static_graph")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--blas", choices=["cublas", "cublaslt"], help="torch.backends.cuda.preferred_blas_library")
+    parser.add_argument("--exact-bf16-reductions", action="store_true",
+                        help="torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False")
     args = parser.parse_args()
+    if args.blas:
+        torch.backends.cuda.preferred_blas_library(args.blas)
+    if args.exact_bf16_reductions:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    print(f"blas {torch.backends.cuda.preferred_blas_library()}, bf16 reduced-precision reductions "
+          f"{torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction}", flush=True)
     args.kernel_options = None
     device = torch.device(args.device)
     compile_in_process()

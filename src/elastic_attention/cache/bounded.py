@@ -29,8 +29,8 @@ A decode step (one new token per sequence) on a CUDA GPU with Triton takes the f
 `cache.triton_decode`: whatever the batch size, one launch per layer writes the new entries of every sequence and
 head and attends them all, split over the keys, and a second merges the splits and counts the entries, through a
 table of the layer's storage addresses that is rebuilt only when storage moves (a full store grows, the batch is
-reordered). Elsewhere,
-and with ``fused_decode=False``, the step runs per sequence in torch, which is also the oracle of the fused path.
+reordered). Elsewhere, and with ``fused_decode=False``, the step runs per sequence in torch, which is also the
+oracle of the fused path.
 """
 
 from __future__ import annotations
