@@ -214,15 +214,17 @@ def test_the_static_cache_baseline_attends_as_the_dense_model():
     assert all(lengths.tolist() == [47] * 4 for lengths in STATIC_ATTENTION.device_lengths())
 
 
-def _compiled_static_steps(layers: int, compile_layers: bool):
+def _compiled_static_steps(layers: int, compile_layers: bool, reset: bool = False):
     """(logits [steps, 2, vocab] of 4 static steps of a ``layers``-layer tiny llama, whether each decoder layer ran
-    through ``decode_graph.compiled`` as ``compile_decode=True`` captures it, and the graphs Dynamo compiled)."""
+    through ``decode_graph.compiled`` as ``compile_decode=True`` captures it, and the graphs Dynamo compiled for it;
+    ``reset`` first forgets every compiled graph)."""
     from torch._dynamo.utils import counters
 
     from elastic_attention.integration import decode_graph
     from elastic_attention.integration.families import decoder_layers, family_of
 
-    torch._dynamo.reset()
+    if reset:
+        torch._dynamo.reset()
     counters.clear()
     ids, mask, continuation = _batch(steps=4)
     model = tiny_model("llama", layers=layers)
@@ -244,9 +246,10 @@ def _compiled_static_steps(layers: int, compile_layers: bool):
 
 def test_compiled_layers_equal_uncompiled_ones_and_compile_once_for_every_layer():
     """Static steps with every decoder layer compiled (the cache update, attention and key hook left untraced) give
-    the uncompiled logits, and a model of 4 layers compiles as many graphs as one of 2 (the layers share them)."""
+    the uncompiled logits; after a 2-layer model compiled, a 4-layer one compiles no new graph (its third and fourth
+    layers reuse the graphs of the second, whose layer index became a graph input)."""
+    _, graphs_of_two = _compiled_static_steps(2, compile_layers=True, reset=True)
+    compiled_steps, new_graphs = _compiled_static_steps(4, compile_layers=True)
     plain, _ = _compiled_static_steps(4, compile_layers=False)
-    compiled_steps, graphs = _compiled_static_steps(4, compile_layers=True)
-    _, graphs_of_two = _compiled_static_steps(2, compile_layers=True)
     assert float((compiled_steps - plain).abs().max()) < 1e-5
-    assert 0 < graphs == graphs_of_two
+    assert graphs_of_two > 0 and new_graphs == 0
