@@ -3,7 +3,7 @@ interpreter (GPU runs: `tests/test_gpu_cache.py`). Skipped where Triton is not i
 of `test_bounded_cache.py` only the tests whose decode steps exercise the fused path run here: generation against
 the full cache, the ring's wrap, per-sample memory, repetition of the batch and misuse; `interpreted_fused_decode.py`
 runs whole (the kernels, static mode and graphed steps run eagerly, the static-cache baseline of `bench
-decode-graphs`, decoder layers compiled around the untraced attention)."""
+decode-graphs`, decoder layers compiled around the untraced attention). Two processes share the work, one core each."""
 
 import os
 import subprocess
@@ -17,14 +17,26 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: Tests of `test_bounded_cache.py` whose decode steps exercise the fused path (every test of
+#: `interpreted_fused_decode.py` matches too).
+SELECTED = ("fused or llama-12 or ring_wraps or memory or repeating or misuse or static or graph or forwards or "
+            "baseline or compiled")
+#: The three longest tests (about 100 s together on a 2-core machine), run in a second process at the same time.
+LONGEST = "generate or fused_path or compiled"
+
+
 @pytest.mark.slow
 def test_fused_decode_under_the_triton_interpreter():
-    environment = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/interpreted_fused_decode.py",
-         "tests/test_bounded_cache.py", "-k", "fused or llama-12 or ring_wraps or memory or repeating or misuse or "
-         "static or graph or forwards or baseline or compiled"],
-        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
+    environment = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}  # one core per process
+    pytest_command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    runs = [
+        pytest_command + ["tests/interpreted_fused_decode.py", "-k", LONGEST],
+        pytest_command + ["tests/interpreted_fused_decode.py", "tests/test_bounded_cache.py", "-k",
+                          f"({SELECTED}) and not ({LONGEST})"],
+    ]
+    processes = [subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for command in runs]
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stdout[-4000:] + stderr[-2000:]
+        assert " passed" in stdout and "skipped" not in stdout.splitlines()[-1]
