@@ -36,7 +36,11 @@ def test_fused_decode_under_the_triton_interpreter():
     ]
     processes = [subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for command in runs]
-    for process in processes:
-        stdout, stderr = process.communicate(timeout=600)
-        assert process.returncode == 0, stdout[-4000:] + stderr[-2000:]
-        assert " passed" in stdout and "skipped" not in stdout.splitlines()[-1]
+    try:
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=600)
+            assert process.returncode == 0, stdout[-4000:] + stderr[-2000:]
+            assert " passed" in stdout and "skipped" not in stdout.splitlines()[-1]
+    finally:
+        for process in processes:
+            process.kill()  # nothing happens to a process that has ended
