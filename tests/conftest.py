@@ -108,6 +108,21 @@ def per_sample_routers(model):
                 parameter.mul_(300.0)
 
 
+def left_padded_batch(seed: int, prompt: int, padding: int, steps: int, device="cpu"):
+    """A batch of 2 random prompts (tokens 3..89, from ``seed``) whose second sample starts with ``padding`` padding
+    positions, and ``steps`` random tokens per sample to feed after them.
+
+    Returns:
+        (ids [2, prompt], attention mask [2, prompt], continuation [2, steps]) on ``device``.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 90, (2, prompt), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, :padding] = 0
+    continuation = torch.randint(3, 90, (2, steps), generator=generator)
+    return ids.to(device), mask.to(device), continuation.to(device)
+
+
 def teacher_forced_decode(model, ids, mask, continuation, cache=None):
     """Prefill ``ids`` [B, L] (padding ``mask``), then feed ``continuation`` [B, steps] one token per step.
 

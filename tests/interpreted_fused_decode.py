@@ -9,6 +9,7 @@ import torch
 from conftest import (
     fused_decode_case,
     generate_with_and_without_graphs,
+    left_padded_batch,
     per_sample_routers,
     teacher_forced_decode,
     tiny_model,
@@ -37,17 +38,14 @@ def test_fused_decode_kernels_match_float64(group, head_dim, processors, merge_s
 def test_decode_steps_take_the_fused_path_and_equal_the_per_sequence_path():
     """A left-padded batch with per-sample routing, 70 steps (the full stores grow, the table is rebuilt)."""
     config = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
-    generator = torch.Generator().manual_seed(4)  # a prompt on which the two samples route differently
-    ids = torch.randint(3, 90, (2, 30), generator=generator)
-    continuation = torch.randint(3, 90, (2, 70), generator=generator)
+    ids, prompt_mask, continuation = _batch(steps=70)  # a prompt on which the two samples route differently
     runs = {}
     for fused in (True, False):
         model = tiny_model("llama")
         attach(model, config, backend="reference")
         per_sample_routers(model)
         cache = ElasticCache(model, fused_decode=fused, cuda_graphs=False)  # the eager fused path
-        mask = torch.ones_like(ids)
-        mask[1, :5] = 0
+        mask = prompt_mask
         logits, tables = [], []
         with torch.no_grad():
             model(input_ids=ids, attention_mask=mask, past_key_values=cache)
@@ -76,11 +74,7 @@ STATIC_CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_s
 
 
 def _batch(seed=4, prompt=30, steps=60):
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 90, (2, prompt), generator=generator)
-    mask = torch.ones_like(ids)
-    mask[1, :5] = 0  # mixed prompt lengths: the second sample is left-padded
-    return ids, mask, torch.randint(3, 90, (2, steps), generator=generator)
+    return left_padded_batch(seed, prompt, 5, steps)  # mixed prompt lengths: the second sample is left-padded
 
 
 def _teacher_forced(graphs: bool, ids, mask, continuation, max_length=None):

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import fused_decode_case, streaming_suffix_case, teacher_forced_decode, tiny_model
+from conftest import fused_decode_case, left_padded_batch, streaming_suffix_case, teacher_forced_decode, tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, attach, force_routing
 
@@ -19,12 +19,7 @@ def teacher_forced_logits(device, dtype, cache, steps=24, fused_decode=True):
     attach(model, CONFIG, backend="reference", cache=cache)
     force_routing(model, ROUTING)
     past = ElasticCache(model, fused_decode=fused_decode) if cache == "bounded" else None
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 90, (2, 40), generator=generator)
-    mask = torch.ones_like(ids)
-    mask[1, :7] = 0
-    continuation = torch.randint(3, 90, (2, steps), generator=generator)
-    ids, mask, continuation = ids.to(device), mask.to(device), continuation.to(device)
+    ids, mask, continuation = left_padded_batch(0, 40, 7, steps, device)
     return teacher_forced_decode(model, ids, mask, continuation, past)[0].double().cpu()
 
 

@@ -3,7 +3,13 @@ gpu)."""
 
 import pytest
 import torch
-from conftest import generate_with_and_without_graphs, per_sample_routers, teacher_forced_decode, tiny_model
+from conftest import (
+    generate_with_and_without_graphs,
+    left_padded_batch,
+    per_sample_routers,
+    teacher_forced_decode,
+    tiny_model,
+)
 
 from elastic_attention import ElasticCache, ElasticConfig, attach, force_routing
 
@@ -25,12 +31,7 @@ def teacher_forced(device, dtype, graphs, steps=200, routing=None, cache_kind="b
     else:
         force_routing(model, routing)
     cache = ElasticCache(model) if cache_kind == "bounded" else None
-    generator = torch.Generator().manual_seed(4)
-    ids = torch.randint(3, 90, (2, 40), generator=generator)
-    mask = torch.ones_like(ids)
-    mask[1, :7] = 0
-    continuation = torch.randint(3, 90, (2, steps), generator=generator)
-    ids, mask, continuation = ids.to(device), mask.to(device), continuation.to(device)
+    ids, mask, continuation = left_padded_batch(4, 40, 7, steps, device)
     logits, cache = teacher_forced_decode(model, ids, mask, continuation, cache)
     return logits.double().cpu(), cache
 
