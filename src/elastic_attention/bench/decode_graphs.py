@@ -118,8 +118,7 @@ def read_bytes_per_step(model) -> int:
 
 def bounded_read_bytes(cache: ElasticCache) -> int:
     """Bytes of keys and values a decode step of the bounded cache reads: every kept entry once."""
-    ring_size = cache.window.sink_tokens + cache.window.local_tokens
-    return sum(store.kept_entries(ring_size, store.length + cache.static_steps)  # host lengths leave static steps out
+    return sum(store.kept_entries(cache.window.ring_size, store.length + cache.static_steps)  # host lengths leave static steps out
                * store.full_keys.shape[2] * 2 * store.full_keys.element_size()
                for layer in cache.layers for store in layer.sequences)
 

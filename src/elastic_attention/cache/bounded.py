@@ -116,6 +116,11 @@ class StreamingWindow:
     sink_tokens: int
     local_tokens: int
 
+    @property
+    def ring_size(self) -> int:
+        """Slots of a streaming head's ring: sink + local."""
+        return self.sink_tokens + self.local_tokens
+
 
 class ElasticCacheLayer(CacheLayerMixin):
     """The bounded cache of one decoder layer."""
@@ -368,7 +373,7 @@ class ElasticCacheLayer(CacheLayerMixin):
             self._write_ring(store, staged)
             heads = store.ring_heads
             window = self.cache.window
-            filled = None if store.length >= window.sink_tokens + window.local_tokens else store.ring_positions >= 0
+            filled = None if store.length >= window.ring_size else store.ring_positions >= 0
             result[heads] = attend_single_query(queries[heads], store.ring_keys, store.ring_values, scale, filled)
 
     # -- static mode (captured decode steps) ---------------------------------------------------------------------
@@ -378,12 +383,11 @@ class ElasticCacheLayer(CacheLayerMixin):
         slots) and build the address table once; until `end_static` a step only writes device state (the kernels
         count each segment's length), so it can be captured and replayed."""
         self.commit()
-        ring_size = self.cache.window.sink_tokens + self.cache.window.local_tokens
         for store in self.sequences:
             self._reserve_full(store, capacity - store.full_first, spare=False)
             self._reserve_ring(store, capacity, spare=False)
         self._segments = self._build_segments()
-        self._static = (capacity, sum(store.kept_entries(ring_size) for store in self.sequences))
+        self._static = (capacity, self._entries_read())
 
     def end_static(self, steps: int) -> None:
         """Leave static mode after ``steps`` replayed steps: count them in the host-side lengths."""
@@ -452,9 +456,8 @@ class ElasticCacheLayer(CacheLayerMixin):
             max_entries, total_entries = self._static
         else:
             self.fused_steps += 1
-            ring_size = window.sink_tokens + window.local_tokens
             max_entries = max(store.length for store in self.sequences)  # counting this step's entry
-            total_entries = sum(store.kept_entries(ring_size) for store in self.sequences)
+            total_entries = self._entries_read()
         return decode_step(query, keys, values, self._segments, scale, sink_tokens=window.sink_tokens,
                            local_tokens=window.local_tokens, max_entries=max_entries, total_entries=total_entries,
                            options=self.cache.kernel_options)
@@ -516,12 +519,15 @@ class ElasticCacheLayer(CacheLayerMixin):
             ring_positions=torch.full((0,), -1, dtype=torch.long, device=key_states.device),
         )
 
+    def _entries_read(self) -> int:
+        """Entries a decode step of this layer reads over every sequence and head (`SequenceStore.kept_entries`)."""
+        return sum(store.kept_entries(self.cache.window.ring_size) for store in self.sequences)
+
     def _reserve_ring(self, store: SequenceStore, needed: int, *, spare: bool) -> bool:
         """Room in a sequence's ring for positions ``0 .. needed - 1`` (at most sink + local slots); returns True
         when its storage moved. Before a ring is full, slot p holds position p, so growing keeps every slot.
         ``spare`` adds 1/32 for the decode steps to come (see `_capacity`)."""
-        window = self.cache.window
-        size = window.sink_tokens + window.local_tokens
+        size = self.cache.window.ring_size
         capacity = store.ring_keys.shape[1]
         if not store.ring_heads.numel() or min(needed, size) <= capacity:
             return False
