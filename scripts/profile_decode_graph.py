@@ -7,7 +7,8 @@ and the sum of its kernels is the time between kernels.
   python scripts/profile_decode_graph.py --length 131072 --batch 1 [--kinds bounded,dense_static_graph]
 
 ``--blas`` (torch's preferred BLAS library) and ``--exact-bf16-reductions`` (no reduced-precision reductions in
-bf16 matrix products) ask whether cuBLAS's choice of GEMV kernels can be bettered for the captured step.
+bf16 matrix products) ask whether cuBLAS's choice of GEMV kernels can be bettered for the captured step;
+``--cublas-projections`` profiles the steps with cuBLAS projections in place of the grouped Triton launches.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from elastic_attention.bench.decode_graphs import (
     STATIC_ATTENTION_NAME,
     Stepper,
     bounded_read_bytes,
-    compile_parts,
     dense_read_bytes,
     prefill,
     read_bytes_per_step,
@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--blas", choices=["cublas", "cublaslt"], help="torch.backends.cuda.preferred_blas_library")
     parser.add_argument("--exact-bf16-reductions", action="store_true",
                         help="torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False")
+    parser.add_argument("--cublas-projections", action="store_true",
+                        help="leave the projections of batch 1 to cuBLAS (attach(..., grouped_projections=False))")
     args = parser.parse_args()
     if args.blas:
         torch.backends.cuda.preferred_blas_library(args.blas)
@@ -112,7 +114,8 @@ def main() -> None:
     kinds = args.kinds.split(",")
     with torch.inference_mode():
         if "bounded" in kinds:
-            attach(model, elastic_config(args), backend=args.backend, compile_decode=True)
+            attach(model, elastic_config(args), backend=args.backend, compile_decode=True,
+                   grouped_projections=not args.cublas_projections)
             force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
             output, _ = prefill(model, prompt, ElasticCache(model))
             cache, token = output.past_key_values, output.logits[:, -1:].argmax(-1)
@@ -140,7 +143,7 @@ def main() -> None:
             STATIC_ATTENTION.prepare(static, args.length, None)
             model.set_attn_implementation(STATIC_ATTENTION_NAME)
             step = Stepper(model, static, token, args.length, graph_over_static=STATIC_ATTENTION,
-                           compile_parts=compile_parts(model))
+                           compile_layers=True, group_projections=not args.cublas_projections)
             step()
             bound_s = (weights + dense_read_bytes(model, args.batch, args.length)) / bandwidth
             report("dense_static_graph", step, args, bound_s)

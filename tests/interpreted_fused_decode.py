@@ -208,10 +208,11 @@ def test_the_static_cache_baseline_attends_as_the_dense_model():
     assert all(lengths.tolist() == [47] * 4 for lengths in STATIC_ATTENTION.device_lengths())
 
 
-def _compiled_static_steps(layers: int, compile_layers: bool, reset: bool = False):
-    """(logits [steps, 2, vocab] of 4 static steps of a ``layers``-layer tiny llama, whether each decoder layer ran
-    through ``decode_graph.compiled`` as ``compile_decode=True`` captures it, and the graphs Dynamo compiled for it;
-    ``reset`` first forgets every compiled graph)."""
+def _compiled_static_steps(layers: int, compile_layers: bool, reset: bool = False, group_projections: bool = False,
+                           batch: int = 2):
+    """(logits [steps, batch, vocab] of 4 static steps of a ``layers``-layer tiny llama, its decoder layers run by
+    ``decode_graph.decode_layers`` as a captured step runs them (compiled, projections grouped, as asked), and the
+    graphs Dynamo compiled for it; ``reset`` first forgets every compiled graph)."""
     from torch._dynamo.utils import counters
 
     from elastic_attention.integration import decode_graph
@@ -221,15 +222,16 @@ def _compiled_static_steps(layers: int, compile_layers: bool, reset: bool = Fals
         torch._dynamo.reset()
     counters.clear()
     ids, mask, continuation = _batch(steps=4)
+    ids, mask, continuation = ids[:batch], mask[:batch], continuation[:batch]
     model = tiny_model("llama", layers=layers)
     attach(model, STATIC_CONFIG, backend="reference")
     per_sample_routers(model)
     cache = ElasticCache(model, cuda_graphs=True)
-    parts = decoder_layers(model.model, family_of(model)[1]) if compile_layers else []
     logits = []
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask, cache=cache)
-        with decode_graph.compiled(parts):
+        with decode_graph.decode_layers(decoder_layers(model.model, family_of(model)[1]), compile_layers,
+                                        group_projections):
             for step in range(continuation.shape[1]):
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 logits.append(model(input_ids=continuation[:, step : step + 1], attention_mask=mask,
@@ -247,3 +249,59 @@ def test_compiled_layers_equal_uncompiled_ones_and_compile_once_for_every_layer(
     plain, _ = _compiled_static_steps(4, compile_layers=False)
     assert float((compiled_steps - plain).abs().max()) < 1e-5
     assert graphs_of_two > 0 and new_graphs == 0
+
+
+@pytest.mark.parametrize("compile_layers", [False, True])
+def test_grouped_projections_give_the_plain_logits(compile_layers, monkeypatch):
+    """Static steps of one sequence with the decoder layers' projections grouped (q/k/v and gate/up one launch
+    each, o and down alone), compiled or not, give the logits of the plain projections; every launch ran the
+    grouped kernel (counted), and at batch 2 none does (more rows are cuBLAS's)."""
+    from elastic_attention.integration import decode_projections
+
+    launches = []
+    kernel = decode_projections.grouped_linear_op
+
+    def counted(x, weights, biases):
+        launches.append(len(weights))
+        return kernel(x, weights, biases)
+
+    monkeypatch.setattr(decode_projections, "grouped_linear_op", counted)
+    torch._dynamo.reset()
+    grouped, _ = _compiled_static_steps(2, compile_layers, group_projections=True, batch=1)
+    plain, _ = _compiled_static_steps(2, compile_layers=False, batch=1)
+    assert float((grouped - plain).abs().max()) < 1e-5
+    if not compile_layers:  # eager: one launch per group and step (compiled: counted while tracing)
+        assert launches == [3, 1, 2, 1] * 2 * 4
+    assert sorted(set(launches)) == [1, 2, 3]
+    launches.clear()
+    _compiled_static_steps(2, compile_layers, group_projections=True, batch=2)
+    assert launches == []
+
+
+@pytest.mark.parametrize("cols, rows, bias, block_rows, block_cols", [
+    (40, [24, 8, 8], True, 4, 2048), (100, [17], False, 4, 32), (64, [33, 5], True, 8, 16), (17, [3, 3, 70], False, 32, 16)])
+def test_grouped_linear_kernel_matches_float64(cols, rows, bias, block_rows, block_cols):
+    """One to three weights over one row of input, sizes off every block (and a column block wider than the input)."""
+    from elastic_attention.kernels.grouped_gemv import GemvOptions, grouped_linear
+
+    generator = torch.Generator().manual_seed(cols)
+    x = torch.randn(1, 1, cols, generator=generator)
+    weights = [torch.randn(n, cols, generator=generator) for n in rows]
+    biases = [torch.randn(n, generator=generator) for n in rows] if bias else None
+    outputs = grouped_linear(x, weights, biases, GemvOptions(block_rows, block_cols, num_warps=1, num_stages=1))
+    for index, (output, weight) in enumerate(zip(outputs, weights)):
+        expected = x.double() @ weight.double().T + (biases[index].double() if bias else 0)
+        assert output.shape == (1, 1, weight.shape[0])
+        assert float((output.double() - expected).abs().max()) < 1e-4
+
+
+def test_grouped_linear_refuses_what_it_does_not_compute():
+    from elastic_attention.kernels.grouped_gemv import grouped_linear
+
+    x, weight = torch.randn(1, 8), torch.randn(4, 8)
+    cases = [((torch.randn(2, 8), [weight]), "one row of input"), ((x, [weight] * 4), "1 to 3 weights"),
+             ((x, [torch.randn(4, 9)]), "must be contiguous [N, 8]"), ((x, [weight.T.contiguous().T]), "contiguous"),
+             ((x, [weight.double()]), "torch.float64"), ((x, [weight], [torch.randn(5)]), "biases must be")]
+    for arguments, message in cases:
+        with pytest.raises(InputError, match=message.replace("[", r"\[")):
+            grouped_linear(*arguments)

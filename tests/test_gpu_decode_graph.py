@@ -21,17 +21,19 @@ ROUTING = torch.tensor([[True, False], [False, False]])
 
 
 def teacher_forced(device, dtype, graphs, steps=200, routing=None, cache_kind="bounded", compile_decode=False,
-                   layers=2):
-    """(next-token logits [steps + 1, 2, vocab] float64 on the CPU, the cache) of a left-padded batch of 2 (prompts of
-    40 and 33 tokens) fed fixed tokens; per-sample routers unless ``routing`` forces one."""
-    model = tiny_model("llama", layers=layers).to(device=device, dtype=dtype)
-    attach(model, CONFIG, backend="reference", cache=cache_kind, cuda_graphs=graphs, compile_decode=compile_decode)
+                   layers=2, batch=2, grouped_projections=True, family="llama"):
+    """(next-token logits [steps + 1, batch, vocab] float64 on the CPU, the cache) of a left-padded batch of 2
+    (prompts of 40 and 33 tokens; ``batch`` 1 keeps the first) fed fixed tokens; per-sample routers unless
+    ``routing`` forces one."""
+    model = tiny_model(family, layers=layers).to(device=device, dtype=dtype)
+    attach(model, CONFIG, backend="reference", cache=cache_kind, cuda_graphs=graphs, compile_decode=compile_decode,
+           grouped_projections=grouped_projections)
     if routing is None:
         per_sample_routers(model)
     else:
         force_routing(model, routing)
     cache = ElasticCache(model) if cache_kind == "bounded" else None
-    ids, mask, continuation = left_padded_batch(4, 40, 7, steps, device)
+    ids, mask, continuation = (part[:batch] for part in left_padded_batch(4, 40, 7, steps, device))
     logits, cache = teacher_forced_decode(model, ids, mask, continuation, cache)
     return logits.double().cpu(), cache
 
@@ -84,3 +86,21 @@ def test_generate_with_graphs_equals_generate_without():
         assert torch.equal(with_graphs, without)
     greedy, stopped, _ = results[True]
     assert (stopped[0, ids.shape[1] + stop + 1 :] == 0).all() and torch.equal(stopped[1], greedy[1])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q, k and v with biases
+@pytest.mark.parametrize("compile_decode", [False, True])
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_replayed_steps_of_one_sequence_with_grouped_projections_equal_eager_steps(family, compile_decode, dtype,
+                                                                                   tolerance):
+    """Batch 1, 200 steps: the captured step's projections run as grouped Triton launches (q/k/v, gate/up), the
+    eager steps' through cuBLAS."""
+    replayed, cache = teacher_forced("cuda", dtype, graphs=True, batch=1, compile_decode=compile_decode,
+                                     family=family)
+    eager, _ = teacher_forced("cuda", dtype, graphs=False, batch=1, family=family)
+    cublas, _ = teacher_forced("cuda", dtype, graphs=True, batch=1, compile_decode=compile_decode, family=family,
+                               grouped_projections=False)
+    assert cache.decode_graph is not None and cache.decode_graph.graph is not None
+    scale = float(eager.abs().max())
+    assert float((replayed - eager).abs().max()) <= tolerance * scale
+    assert float((cublas - eager).abs().max()) <= tolerance * scale

@@ -8,18 +8,22 @@ sequence, host work included) of each kind:
 
 - ``bounded``: elastic attention attached (``compile_decode=True``), routing forced to ``--msr`` (FA-SSA), the
   `ElasticCache`; its steps replay a captured graph (`integration.decode_graph`) whose decoder layers went through
-  torch.compile (the cache update and attention outside the compiled graphs), the first step's capture (and
+  torch.compile (the cache update and attention outside the compiled graphs) and, at batch 1, ran their linear
+  projections as grouped Triton launches (`integration.decode_projections`), the first step's capture (and
   compile) left out of the timing;
-- ``bounded_graph_uncompiled``: the same, nothing compiled;
+- ``bounded_cublas_projections`` (batch 1): the same with the projections left to cuBLAS;
+- ``bounded_graph_uncompiled``: the same as ``bounded``, nothing compiled;
 - ``bounded_eager``: the same cache with its steps run eagerly (``cuda_graphs=False``, the fused kernels);
 - ``dense``: the model without elastic attention, its own dynamic cache and SDPA as torch picks it, eagerly;
 - ``dense_static_graph``: the model without elastic attention over transformers' `StaticCache` (the dense cache
-  copied in after the prefill), its forward captured as a CUDA graph with the same layers compiled (the cache
-  update and attention outside the compiled graphs, as for ``bounded``), attention by the
+  copied in after the prefill), its forward captured as a CUDA graph with the same layers compiled and the same
+  grouped projections (the cache update and attention outside the compiled graphs, as for ``bounded``), attention by the
   same fused split-K decode kernel over each (sequence, KV head)'s filled entries (`StaticCacheDecodeAttention`):
   one read of the cache per step, no key/value repeated per query head (transformers' SDPA path over a static cache
   repeats them and masks every unfilled slot; under a graph it needs a mask that changes per step);
-- ``dense_static_graph_uncompiled``: the same, nothing compiled.
+- ``dense_static_graph_cublas_projections`` (batch 1): the same with the projections left to cuBLAS (what a
+  transformers user gets from a static cache and torch.compile);
+- ``dense_static_graph_uncompiled``: the same as ``dense_static_graph``, nothing compiled.
 
 Every row carries ``bound_s``: the bytes a step must read (weights, the input embedding left out but one row; the
 cache's kept entries) over the copy bandwidth measured in the same run. ``--request LENGTH`` also times a whole
@@ -53,7 +57,7 @@ from elastic_attention.bench.model import (
 )
 from elastic_attention.bench.timing import copy_bandwidth, parse_tokens, run_header, timed, write_result
 from elastic_attention.cache.triton_decode import DecodeKernelOptions, DecodeSegments, decode_step
-from elastic_attention.integration.decode_graph import capture_graph, compiled
+from elastic_attention.integration.decode_graph import capture_graph, decode_layers
 from elastic_attention.integration.families import decoder_layers, family_of
 
 STATIC_ATTENTION_NAME = "static_cache_decode"
@@ -129,18 +133,26 @@ def dense_read_bytes(model, batch: int, length: int) -> int:
     return 2 * batch * length * config.num_hidden_layers * config.num_key_value_heads * head_dim * model.dtype.itemsize
 
 
+#: (kind, CUDA graphs, layers compiled, grouped projections) of the bounded cache's rows.
+BOUNDED_KINDS = (("bounded", True, True, True), ("bounded_cublas_projections", True, True, False),
+                 ("bounded_graph_uncompiled", True, False, True), ("bounded_eager", False, False, False))
+#: (kind, layers compiled, grouped projections) of the dense static-cache graph's rows.
+DENSE_GRAPH_KINDS = (("dense_static_graph", True, True), ("dense_static_graph_cublas_projections", True, False),
+                     ("dense_static_graph_uncompiled", False, True))
+
+
 class Stepper:
     """Decode steps of a model over a cache: one new token per sequence (the greedy one of the last step).
 
     Args:
         graph_over_static: None, or a `StaticCacheDecodeAttention` whose static cache the steps replay as a
             captured graph (the first step captures).
-        compile_parts: modules compiled in that capture (`decode_graph.compiled`).
+        compile_layers, group_projections: how that capture runs the decoder layers (`decode_graph.decode_layers`).
     """
 
     def __init__(self, model, cache, token: torch.Tensor, length: int, graph_over_static=None,
-                 compile_parts: list | None = None) -> None:
-        self.compile_parts = compile_parts or []
+                 compile_layers: bool = False, group_projections: bool = False) -> None:
+        self.compile_layers, self.group_projections = compile_layers, group_projections
         self.model, self.cache, self.length = model, cache, length
         batch = token.shape[0]
         self.token = token.clone()
@@ -161,7 +173,7 @@ class Stepper:
             if self.graph is None:
                 layers = self.cache.layers
                 state = self.static.device_lengths() + [layer.cumulative_length for layer in layers]
-                with compiled(self.compile_parts):
+                with decode_layers(decoder_layers_of(self.model), self.compile_layers, self.group_projections):
                     self.graph, self.logits = capture_graph(self._forward, state)
             self.graph.replay()
             logits = self.logits
@@ -197,16 +209,16 @@ def prefill(model, prompt: torch.Tensor, cache=None):
     return output, time.perf_counter() - start
 
 
-def compile_parts(model) -> list:
-    """The modules the compiled kinds run through torch.compile: every decoder layer."""
+def decoder_layers_of(model) -> list:
+    """The decoder layers of a causal LM."""
     return decoder_layers(model.model, family_of(model)[1])
 
 
 def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list[dict]:
-    """Rows of ``bounded``, ``bounded_graph_uncompiled`` and ``bounded_eager`` at every batch size."""
+    """Rows of ``bounded``, ``bounded_cublas_projections``, ``bounded_graph_uncompiled`` and ``bounded_eager`` at every
+    batch size (the second at batch 1 only)."""
     length = prompt.shape[1]
     attach(model, elastic_config(args), backend=args.backend, compile_decode=True)
-    parts = model.forward.compile_layers
     force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
     rows = []
     try:
@@ -219,11 +231,12 @@ def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list
                 if size > batch:
                     cache.batch_repeat_interleave(size // batch)
                     token, batch = token.repeat_interleave(size // batch, dim=0), size
-                for kind, graphs, compile_them in (("bounded", True, True), ("bounded_graph_uncompiled", True, False),
-                                                   ("bounded_eager", False, False)):
+                for kind, graphs, compile_them, grouped in BOUNDED_KINDS:
+                    if kind.endswith("cublas_projections") and size > 1:
+                        continue  # the projections are cuBLAS's at batch > 1 anyway
                     cache.end_static()  # the next step captures again, with this kind's settings
                     cache.cuda_graphs = graphs
-                    model.forward.compile_layers = parts if compile_them else None
+                    model.forward.compile_layers, model.forward.group_projections = compile_them, grouped
                     step = Stepper(model, cache, token, cache.get_seq_length())
                     step()  # the graphed kind captures here
                     seconds = timed(step, prompt.device, args.steps, warmup=2)
@@ -265,13 +278,15 @@ def measure_dense(model, prompt, args, bandwidth: float, weights: int) -> list[d
                                 step_s_sdpa_without_cudnn=without_cudnn_s))
             except torch.OutOfMemoryError:
                 rows.append({"length": length, "batch": size, "kind": "dense", "out_of_memory": True})
-            for kind, parts in (("dense_static_graph", compile_parts(model)), ("dense_static_graph_uncompiled", [])):
+            for kind, compile_them, grouped in DENSE_GRAPH_KINDS:
+                if kind.endswith("cublas_projections") and size > 1:
+                    continue
                 try:
                     static = static_copy(model, dense, length, length + args.steps + 8)
                     STATIC_ATTENTION.prepare(static, length, args.kernel_options)
                     model.set_attn_implementation(STATIC_ATTENTION_NAME)
                     step = Stepper(model, static, token, length, graph_over_static=STATIC_ATTENTION,
-                                   compile_parts=parts)
+                                   compile_layers=compile_them, group_projections=grouped)
                     step()
                     seconds = timed(step, prompt.device, args.steps, warmup=2)
                     read = dense_read_bytes(model, size, length)
@@ -331,8 +346,8 @@ def measure_request(model, args, weights: int) -> dict:
         del output
         STATIC_ATTENTION.prepare(static, length, args.kernel_options)
         model.set_attn_implementation(STATIC_ATTENTION_NAME)
-        decode(Stepper(model, static, token, length, graph_over_static=STATIC_ATTENTION,
-                       compile_parts=compile_parts(model)))
+        decode(Stepper(model, static, token, length, graph_over_static=STATIC_ATTENTION, compile_layers=True,
+                       group_projections=True))
         torch.cuda.synchronize()
         result["dense_static_graph_s"] = time.perf_counter() - start
         model.set_attn_implementation("sdpa")
@@ -374,8 +389,10 @@ def run(args) -> dict:
             "dense": "the model without elastic attention: its dynamic cache, SDPA as torch picks it or without "
                      "cuDNN (the faster), eager steps",
             "dense_static_graph": "the model without elastic attention over transformers' StaticCache, its forward "
-                                  "captured as a CUDA graph (decoder layers through torch.compile), attention by "
-                                  "the fused split-K GQA decode kernel",
+                                  "captured as a CUDA graph (decoder layers through torch.compile, at batch 1 the "
+                                  "grouped projections of the bounded kind), attention by the fused split-K GQA "
+                                  "decode kernel",
+            "dense_static_graph_cublas_projections": "the same with cuBLAS projections (batch 1)",
         },
         "results": rows,
         "request": None,

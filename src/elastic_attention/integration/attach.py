@@ -54,7 +54,7 @@ AttentionMaskInterface.register(WINDOWED_ATTENTION_NAME, _sliding_layer_mask)
 
 def attach(
     model: nn.Module, config: ElasticConfig | None = None, *, backend: str = "auto", cache: str = "bounded",
-    cuda_graphs: bool = True, compile_decode: bool = False,
+    cuda_graphs: bool = True, compile_decode: bool = False, grouped_projections: bool = True,
 ) -> nn.Module:
     """Attach Elastic Attention to a Hugging Face decoder, in place.
 
@@ -76,6 +76,10 @@ def attach(
             step (norms, projections, rotary embedding, MLP; the cache update and attention stay outside the
             compiled graphs), which fuses their elementwise work into fewer kernels; the first capture of each batch
             size compiles (one compiled layer serves every layer).
+        grouped_projections: with ``cuda_graphs``, a captured step of one sequence runs the decoder layers' linear
+            projections as grouped Triton launches (`integration.decode_projections`: q, k and v in one, gate and
+            up in one, no split reductions; 0.80 of the time cuBLAS takes on the Llama-3.1-8B shape on an H200,
+            benchmarks/results/gemv_sweep.json); False leaves them to torch (cuBLAS).
 
     Returns:
         The same model.
@@ -146,7 +150,8 @@ def attach(
     for module in modules:
         object.__setattr__(module, RUNTIME_ATTRIBUTE, runtime)
     object.__setattr__(model, RUNTIME_ATTRIBUTE, runtime)
-    model.forward = GraphedForward(model, runtime, decoder_layers(decoder, family) if compile_decode else None)
+    model.forward = GraphedForward(model, runtime, decoder_layers(decoder, family), compile_layers=compile_decode,
+                                   group_projections=grouped_projections)
     model.set_attn_implementation(WINDOWED_ATTENTION_NAME if runtime.sliding_layers else ATTENTION_NAME)
     return model
 

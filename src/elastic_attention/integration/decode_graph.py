@@ -14,8 +14,10 @@ replays, and counts the step: nothing per layer, and nothing read back but one f
 (`DecodeGraph.check_masks`). When the longest sequence reaches the capacity, the
 cache leaves static mode and the next step captures again with room for more (up to the cache's ``max_length``,
 beyond which the step raises). Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
-``ElasticCache(model, cuda_graphs=False)``. With ``attach(..., compile_decode=True)`` the captured step runs every
-decoder layer through ``torch.compile`` (`compiled`), which fuses the elementwise work around the projections.
+``ElasticCache(model, cuda_graphs=False)``. In the captured step of one sequence the decoder layers' linear projections
+run as grouped Triton launches (`decode_projections`; ``attach(..., grouped_projections=False)`` leaves them to
+torch); with ``attach(..., compile_decode=True)`` every decoder layer also runs through ``torch.compile``
+(`compiled`), which fuses the elementwise work around the projections (`decode_layers` sets up both).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import torch
 from transformers.cache_utils import Cache
 
 from elastic_attention.errors import InputError
+from elastic_attention.integration.decode_projections import grouped_projections
+from elastic_attention.integration.module_forwards import replaced_forwards
 from elastic_attention.integration.runtime import STATIC_STEP_KWARG
 
 #: Keyword arguments a graphed decode step understands; any other one that is not None runs the model's own forward.
@@ -54,17 +58,19 @@ class DecodeGraph:
         forward: the model's own forward.
         batch: sequences per step.
         device: the cache's device.
-        capture: False runs every step eagerly through the same static path (the oracle of the replayed step, and
-            what runs where graphs cannot be captured).
-        compile_layers: modules to run through ``torch.compile`` in the captured step (the decoder layers), or
-            None.
+        capture: False runs every step eagerly through the same static path, with the model's modules as they are
+            (the oracle of the replayed step, and what runs where graphs cannot be captured).
+        layers: the decoder layers, as `decode_layers` runs them in the captured step (with ``compile_layers`` and
+            ``group_projections``).
     """
 
-    def __init__(self, forward, batch: int, device: torch.device, capture: bool = True,
-                 compile_layers: list | None = None) -> None:
+    def __init__(self, forward, batch: int, device: torch.device, capture: bool = True, layers: list | None = None,
+                 compile_layers: bool = False, group_projections: bool = False) -> None:
         self.forward = forward
         self.capture = capture
+        self.layers = layers or []
         self.compile_layers = compile_layers
+        self.group_projections = group_projections
         parameters = inspect.signature(forward).parameters
         # transformers renamed the forward's `past_key_values` argument to `cache`; use whichever it takes.
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -126,9 +132,22 @@ class DecodeGraph:
         self._cache_fields = [name for name, value in output.items() if isinstance(value, Cache)]
 
     def _capture(self, cache) -> None:
-        with compiled(self.compile_layers or []):
+        with decode_layers(self.layers, self.compile_layers, self.group_projections):
             self.graph, output = capture_graph(lambda: self._run(cache), cache.device_lengths())
         self._keep_output(output)
+
+
+@contextlib.contextmanager
+def decode_layers(layers: list, compile_layers: bool, group_projections: bool):
+    """Inside the block the decoder ``layers`` run as a captured decode step runs them: their linear projections
+    grouped for one row of input (`decode_projections.grouped_projections`) when ``group_projections``, and each
+    layer through ``torch.compile`` (`compiled`) when ``compile_layers``."""
+    with contextlib.ExitStack() as stack:
+        if group_projections:
+            stack.enter_context(grouped_projections(layers))
+        if compile_layers:
+            stack.enter_context(compiled(layers))
+        yield
 
 
 @contextlib.contextmanager
@@ -136,23 +155,14 @@ def compiled(modules: list):
     """Run each module's forward through ``torch.compile`` (Inductor, without CUDA graphs of its own) inside the
     block, to capture it: the elementwise work of a decoder layer (norms, rotary embedding, residual adds, the MLP's
     activation) fuses into a few kernels around the projections. The cache update, the attention function and the
-    key hook are ``torch.compiler.disable``d, so they run as they are between the compiled graphs. Modules of one
-    class share their compiled graphs: integers read from a module (a layer's index) become graph inputs after the
-    second layer, so one recompile serves every layer. Outside the block (prefill, eager steps) the modules run
-    uncompiled, so no prompt length compiles."""
-    replaced = []
-    for module in modules:
-        replaced.append((module, module.__dict__.get("forward")))
-        module.forward = torch.compile(module.forward, dynamic=None)
-    try:
+    key hook are ``torch.compiler.disable``d, so they run as they are between the compiled graphs (the grouped
+    projections are a custom operator, called as they are too). Modules of one class share their compiled graphs:
+    integers read from a module (a layer's index) become graph inputs after the second layer, so one recompile
+    serves every layer. Outside the block (prefill, eager steps) the modules run uncompiled, so no prompt length
+    compiles."""
+    with replaced_forwards([(module, torch.compile(module.forward, dynamic=None)) for module in modules]):
         with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
             yield
-    finally:
-        for module, own in replaced:
-            if own is None:
-                del module.forward
-            else:
-                module.forward = own
 
 
 def capture_graph(run, device_state: list[torch.Tensor]):
@@ -181,9 +191,12 @@ class GraphedForward:
     """An attached model's ``forward``: plain decode steps over a bounded cache replay a `DecodeGraph`; every other
     call goes to the model's own forward (``original``), which `restore` (called by `detach`) puts back."""
 
-    def __init__(self, model, runtime, compile_layers: list | None = None) -> None:
-        #: Modules to compile in captured steps (`compiled`), or None.
+    def __init__(self, model, runtime, layers: list, compile_layers: bool = False,
+                 group_projections: bool = True) -> None:
+        #: The decoder layers, and how captured steps run them (`decode_layers`).
+        self.layers = layers
         self.compile_layers = compile_layers
+        self.group_projections = group_projections
         #: The forward the model had (an instance attribute, such as accelerate's hook, stays one after `restore`).
         self.original = model.forward
         self._was_instance_attribute = "forward" in model.__dict__
@@ -214,8 +227,9 @@ class GraphedForward:
                 )
             cache.begin_static(capacity)
             cache.decode_graph = DecodeGraph(self.original, input_ids.shape[0], input_ids.device,
-                                             capture=input_ids.device.type == "cuda",
-                                             compile_layers=self.compile_layers)
+                                             capture=input_ids.device.type == "cuda", layers=self.layers,
+                                             compile_layers=self.compile_layers,
+                                             group_projections=self.group_projections)
         output = cache.decode_graph.step(cache, input_ids, kwargs.get("attention_mask"), kwargs.get("position_ids"))
         return output if kwargs.get("return_dict", True) is not False else output.to_tuple()
 
