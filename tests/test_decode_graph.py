@@ -68,3 +68,36 @@ def test_a_static_step_needs_a_static_cache():
         model(input_ids=ids, cache=cache)
         with pytest.raises(InputError, match="static mode"):
             model(input_ids=ids[:, :1], cache=cache, **{STATIC_STEP_KWARG: True})
+
+
+@pytest.mark.parametrize("family, kv_bias", [("llama", False), ("qwen2", True), ("qwen3", False)])
+def test_projection_groups_are_qkv_and_gate_up_and_the_rest_alone(family, kv_bias):
+    from elastic_attention.integration.decode_projections import projection_groups
+    from elastic_attention.integration.families import decoder_layers, family_of
+
+    model = tiny_model(family, layers=2)
+    layers = decoder_layers(model.model, family_of(model)[1])
+    names = {id(module): name for name, module in model.model.layers[0].named_modules()}
+    groups = projection_groups(layers)
+    assert [[names.get(id(linear)) for linear in group.linears] for group in groups[:4]] == [
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["mlp.gate_proj", "mlp.up_proj"],
+        ["self_attn.o_proj"], ["mlp.down_proj"]]
+    assert len(groups) == 8 and (groups[0].linears[1].bias is not None) == kv_bias
+
+
+def test_grouped_projections_fall_back_to_torch_where_the_kernel_cannot_run_and_restore_the_forwards():
+    """On the CPU without Triton's interpreter every projection runs torch.nn.functional.linear: same logits; the
+    attach option reaches the graphed forward."""
+    from elastic_attention.integration.decode_projections import grouped_projections
+
+    model = tiny_model("llama", layers=2)
+    attach(model, CONFIG, grouped_projections=True)
+    assert model.forward.group_projections and not model.forward.compile_layers
+    ids = torch.randint(3, 90, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with grouped_projections(list(model.model.layers)):
+            assert "forward" in model.model.layers[0].self_attn.q_proj.__dict__
+            actual = model(input_ids=ids).logits
+    assert torch.equal(actual, expected)
+    assert all("forward" not in module.__dict__ for module in model.modules() if isinstance(module, torch.nn.Linear))

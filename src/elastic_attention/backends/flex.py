@@ -14,6 +14,7 @@ Queries of a sequence must start on a block boundary (prefill) or lie inside one
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from elastic_attention.backends.sequences import AlignedSequences, fit_tables
 from elastic_attention.errors import BackendUnavailableError, InputError
@@ -21,6 +22,8 @@ from elastic_attention.patterns import BlockTables, SequenceLayout
 
 
 _RECOMPILE_LIMIT = 64
+#: On the CPU, smaller head dims are zero-padded to this many before the kernel (see `FlexBackend.attend`).
+CPU_MIN_HEAD_DIM = 32
 
 # Kernel options measured fastest per (GPU major version, head_dim, block size) for bf16 prefill; shapes not listed
 # take torch's defaults. Tiles must divide the block (torch's default tile is 128 for large head dims).
@@ -144,7 +147,14 @@ class FlexBackend:
                          kernel_options=options)
         if sinks is not None:
             raise BackendUnavailableError("the flex backend has no attention sinks; use backend='reference'")
-        attended = self._flex(aligned.query, aligned.key, aligned.value, **arguments)
+        states = (aligned.query, aligned.key, aligned.value)
+        head_dim = query.shape[-1]
+        if device.type == "cpu" and head_dim < CPU_MIN_HEAD_DIM:
+            # torch's CPU flex kernel (2.13, seen on an AMD EPYC without AVX-512) returns wrong values for head_dim
+            # 8 and 16 with blocks of 8 mod 16 tokens; zero columns change no score (the scale is explicit) and
+            # add output columns that are dropped.
+            states = tuple(F.pad(state, (0, CPU_MIN_HEAD_DIM - head_dim)) for state in states)
+        attended = self._flex(*states, **arguments)[..., :head_dim]
         return aligned.scatter(attended, query)
 
 

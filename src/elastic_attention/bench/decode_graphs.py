@@ -6,19 +6,19 @@ length, prefills one random prompt of batch 1, repeats the cache along the batch
 times ``--steps`` decode steps (median, CUDA events; each step is the model's forward for one new token per
 sequence, host work included) of each kind:
 
-- ``bounded``: elastic attention attached (``compile_decode=True``), routing forced to ``--msr`` (FA-SSA), the
-  `ElasticCache`; its steps replay a captured graph (`integration.decode_graph`) whose decoder layers went through
-  torch.compile (the cache update and attention outside the compiled graphs) and, at batch 1, ran their linear
-  projections as grouped Triton launches (`integration.decode_projections`), the first step's capture (and
-  compile) left out of the timing;
+- ``bounded``: elastic attention attached (``compile_decode=True, grouped_projections=True``), routing forced to
+  ``--msr`` (FA-SSA), the `ElasticCache`; its steps replay a captured graph (`integration.decode_graph`) whose
+  decoder layers went through torch.compile (the cache update and attention outside the compiled graphs) and, at
+  batch 1, ran their linear projections as grouped Triton launches (`integration.decode_projections`), the first
+  step's capture (and compile) left out of the timing;
 - ``bounded_cublas_projections`` (batch 1): the same with the projections left to cuBLAS;
 - ``bounded_graph_uncompiled``: the same as ``bounded``, nothing compiled;
 - ``bounded_eager``: the same cache with its steps run eagerly (``cuda_graphs=False``, the fused kernels);
 - ``dense``: the model without elastic attention, its own dynamic cache and SDPA as torch picks it, eagerly;
 - ``dense_static_graph``: the model without elastic attention over transformers' `StaticCache` (the dense cache
   copied in after the prefill), its forward captured as a CUDA graph with the same layers compiled and the same
-  grouped projections (the cache update and attention outside the compiled graphs, as for ``bounded``), attention by the
-  same fused split-K decode kernel over each (sequence, KV head)'s filled entries (`StaticCacheDecodeAttention`):
+  grouped projections (the cache update and attention outside the compiled graphs, as for ``bounded``), attention
+  by the same fused split-K decode kernel over each (sequence, KV head)'s filled entries (`StaticCacheDecodeAttention`):
   one read of the cache per step, no key/value repeated per query head (transformers' SDPA path over a static cache
   repeats them and masks every unfilled slot; under a graph it needs a mask that changes per step);
 - ``dense_static_graph_cublas_projections`` (batch 1): the same with the projections left to cuBLAS (what a
@@ -218,7 +218,7 @@ def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list
     """Rows of ``bounded``, ``bounded_cublas_projections``, ``bounded_graph_uncompiled`` and ``bounded_eager`` at every
     batch size (the second at batch 1 only)."""
     length = prompt.shape[1]
-    attach(model, elastic_config(args), backend=args.backend, compile_decode=True)
+    attach(model, elastic_config(args), backend=args.backend, compile_decode=True, grouped_projections=True)
     force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
     rows = []
     try:
@@ -326,7 +326,7 @@ def measure_request(model, args, weights: int) -> dict:
             stepper()
 
     with torch.inference_mode():
-        attach(model, elastic_config(args), backend=args.backend, compile_decode=True)
+        attach(model, elastic_config(args), backend=args.backend, compile_decode=True, grouped_projections=True)
         force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
         try:
             start = time.perf_counter()

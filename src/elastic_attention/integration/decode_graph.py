@@ -14,10 +14,10 @@ replays, and counts the step: nothing per layer, and nothing read back but one f
 (`DecodeGraph.check_masks`). When the longest sequence reaches the capacity, the
 cache leaves static mode and the next step captures again with room for more (up to the cache's ``max_length``,
 beyond which the step raises). Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
-``ElasticCache(model, cuda_graphs=False)``. In the captured step of one sequence the decoder layers' linear projections
-run as grouped Triton launches (`decode_projections`; ``attach(..., grouped_projections=False)`` leaves them to
-torch); with ``attach(..., compile_decode=True)`` every decoder layer also runs through ``torch.compile``
-(`compiled`), which fuses the elementwise work around the projections (`decode_layers` sets up both).
+``ElasticCache(model, cuda_graphs=False)``. With ``attach(..., grouped_projections=True)`` the captured step of one
+sequence runs the decoder layers' linear projections as grouped Triton launches (`decode_projections`); with
+``attach(..., compile_decode=True)`` every decoder layer also runs through ``torch.compile`` (`compiled`), which
+fuses the elementwise work around the projections (`decode_layers` sets up both).
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ class GraphedForward:
     call goes to the model's own forward (``original``), which `restore` (called by `detach`) puts back."""
 
     def __init__(self, model, runtime, layers: list, compile_layers: bool = False,
-                 group_projections: bool = True) -> None:
+                 group_projections: bool = False) -> None:
         #: The decoder layers, and how captured steps run them (`decode_layers`).
         self.layers = layers
         self.compile_layers = compile_layers
