@@ -305,3 +305,26 @@ def test_grouped_linear_refuses_what_it_does_not_compute():
     for arguments, message in cases:
         with pytest.raises(InputError, match=message.replace("[", r"\[")):
             grouped_linear(*arguments)
+
+
+def test_grouped_projections_of_a_model_with_biases(monkeypatch):
+    """Qwen2's q, k and v have biases: one token through the model (one row of input) with its projections grouped
+    gives the plain logits, every group launched once per layer."""
+    from elastic_attention.integration import decode_projections
+
+    launches = []
+    kernel = decode_projections.grouped_linear_op
+
+    def counted(x, weights, biases):
+        launches.append((len(weights), len(biases)))
+        return kernel(x, weights, biases)
+
+    monkeypatch.setattr(decode_projections, "grouped_linear_op", counted)
+    model = tiny_model("qwen2", layers=2)
+    ids = torch.tensor([[5]])
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with decode_projections.grouped_projections(list(model.model.layers)):
+            actual = model(input_ids=ids).logits
+    assert float((actual - expected).abs().max()) < 1e-5
+    assert launches == [(3, 3), (1, 0), (2, 0), (1, 0)] * 2
