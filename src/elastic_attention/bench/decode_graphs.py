@@ -121,8 +121,9 @@ def read_bytes_per_step(model) -> int:
 
 
 def bounded_read_bytes(cache: ElasticCache) -> int:
-    """Bytes of keys and values a decode step of the bounded cache reads: every kept entry once."""
-    return sum(store.kept_entries(cache.window.ring_size, store.length + cache.static_steps)  # host lengths leave static steps out
+    """Bytes of keys and values a decode step of the bounded cache reads: every kept entry once (the host's lengths
+    leave the static steps out)."""
+    return sum(store.kept_entries(cache.window.ring_size, store.length + cache.static_steps)
                * store.full_keys.shape[2] * 2 * store.full_keys.element_size()
                for layer in cache.layers for store in layer.sequences)
 
@@ -139,6 +140,12 @@ BOUNDED_KINDS = (("bounded", True, True, True), ("bounded_cublas_projections", T
 #: (kind, layers compiled, grouped projections) of the dense static-cache graph's rows.
 DENSE_GRAPH_KINDS = (("dense_static_graph", True, True), ("dense_static_graph_cublas_projections", True, False),
                      ("dense_static_graph_uncompiled", False, True))
+
+
+def kinds_at(kinds: tuple, batch: int) -> list:
+    """The ``kinds`` measured at ``batch``: the cuBLAS-projection ones at batch 1 only (at a larger batch the
+    projections are cuBLAS's in every kind)."""
+    return [kind for kind in kinds if batch == 1 or not kind[0].endswith("cublas_projections")]
 
 
 class Stepper:
@@ -218,7 +225,7 @@ def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list
     """Rows of ``bounded``, ``bounded_cublas_projections``, ``bounded_graph_uncompiled`` and ``bounded_eager`` at every
     batch size (the second at batch 1 only)."""
     length = prompt.shape[1]
-    attach(model, elastic_config(args), backend=args.backend, compile_decode=True, grouped_projections=True)
+    attach(model, elastic_config(args), backend=args.backend)  # each kind sets how its steps run (BOUNDED_KINDS)
     force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
     rows = []
     try:
@@ -231,9 +238,7 @@ def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list
                 if size > batch:
                     cache.batch_repeat_interleave(size // batch)
                     token, batch = token.repeat_interleave(size // batch, dim=0), size
-                for kind, graphs, compile_them, grouped in BOUNDED_KINDS:
-                    if kind.endswith("cublas_projections") and size > 1:
-                        continue  # the projections are cuBLAS's at batch > 1 anyway
+                for kind, graphs, compile_them, grouped in kinds_at(BOUNDED_KINDS, size):
                     cache.end_static()  # the next step captures again, with this kind's settings
                     cache.cuda_graphs = graphs
                     model.forward.compile_layers, model.forward.group_projections = compile_them, grouped
@@ -278,9 +283,7 @@ def measure_dense(model, prompt, args, bandwidth: float, weights: int) -> list[d
                                 step_s_sdpa_without_cudnn=without_cudnn_s))
             except torch.OutOfMemoryError:
                 rows.append({"length": length, "batch": size, "kind": "dense", "out_of_memory": True})
-            for kind, compile_them, grouped in DENSE_GRAPH_KINDS:
-                if kind.endswith("cublas_projections") and size > 1:
-                    continue
+            for kind, compile_them, grouped in kinds_at(DENSE_GRAPH_KINDS, size):
                 try:
                     static = static_copy(model, dense, length, length + args.steps + 8)
                     STATIC_ATTENTION.prepare(static, length, args.kernel_options)

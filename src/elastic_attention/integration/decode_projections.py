@@ -57,10 +57,9 @@ class ProjectionGroup:
 
 def _compatible(linears: list[nn.Linear]) -> bool:
     first = linears[0]
-    return all(type(linear) is nn.Linear and linear.weight.is_contiguous()
-               and linear.in_features == first.in_features and linear.weight.dtype == first.weight.dtype
-               and linear.weight.device == first.weight.device and (linear.bias is None) == (first.bias is None)
-               for linear in linears)
+    return all(linear.weight.is_contiguous() and linear.in_features == first.in_features
+               and linear.weight.dtype == first.weight.dtype and linear.weight.device == first.weight.device
+               and (linear.bias is None) == (first.bias is None) for linear in linears)
 
 
 def projection_groups(layers: list[nn.Module]) -> list[ProjectionGroup]:
