@@ -163,3 +163,96 @@ def test_full_blocks_are_wholly_visible_and_only_the_diagonal_is_cut(width, bloc
                     keys = positions[kb * block : (kb + 1) * block]
                     assert kb < row and bool((keys[None, :] <= queries[:, None]).all())
                 assert int(full_counts[n, head, row]) + 1 == int(counts[n, head, row])
+
+
+def dense_pairs_by_brute_force(tables, layout):
+    """[N, Hkv-or-Hq] per query head: whether its token mask equals full causal attention over its sequence."""
+    from elastic_attention.patterns import block_mask_from_tables
+
+    size = tables.block_size
+    result = torch.zeros(tables.kv_block_count.shape[:2], dtype=torch.bool)
+    for n, span in enumerate(layout.spans()):
+        if span.query_count == 0:
+            continue
+        blocks = (span.key_len - 1) // size + 1
+        block_mask = block_mask_from_tables(tables, n, blocks)
+        positions = torch.arange(span.key_len)
+        tokens = block_mask[:, positions // size][:, :, positions // size]  # [Hq, L, L]
+        causal = positions[None, :] <= positions[:, None]
+        result[n] = (tokens & causal).eq(causal).all(dim=(1, 2))
+    return result
+
+
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dense_heads_through_sdpa_match_the_reference_and_the_one_launch(group, head_dim, monkeypatch):
+    """Padded and packed prefills with mixed routings: the split (dense pairs by SDPA, the rest by flex with no
+    block for the dense heads) equals the reference and the single flex launch, and takes exactly the pairs whose
+    token mask is full causal attention (brute force)."""
+    import elastic_attention.backends.flex as flex
+
+    torch.manual_seed(group + head_dim)
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=16)
+    kv_heads = 3
+    mask = torch.ones(3, 83, dtype=torch.bool)
+    mask[1, :29] = False
+    mask[2, 70:] = False
+    packed = SequenceLayout.from_position_ids(torch.tensor([list(range(37)) + list(range(46))]))
+    modes = torch.tensor([[FULL, 1, FULL], [1, 1, FULL], [FULL, FULL, 1]])
+    one_launch = FlexBackend(dense_heads="flex")
+    chosen = []
+    original = flex._dense_kv_heads
+    monkeypatch.setattr(flex, "_dense_kv_heads", lambda *args: chosen.append(original(*args)) or chosen[-1])
+    for layout, batch, sequence_modes in ((SequenceLayout.from_padding_mask(mask), 3, modes),
+                                          (packed, 1, modes[:2])):
+        query = torch.randn(batch, kv_heads * group, 83, head_dim)
+        key, value = torch.randn(2, batch, kv_heads, 83, head_dim)
+        tables = build_block_tables(layout, sequence_modes, config, query.shape[1])
+        actual = BACKEND.attend(query, key, value, layout, tables, 0.125)
+        expected = ReferenceBackend().attend(query, key, value, layout, tables, 0.125)
+        torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(actual, one_launch.attend(query, key, value, layout, tables, 0.125),
+                                   atol=2e-5, rtol=1e-4)
+        brute = dense_pairs_by_brute_force(tables, layout).unflatten(1, (kv_heads, group)).all(-1)
+        assert torch.equal(chosen[-1], brute) and bool(brute.any()) and not bool(brute.all())
+
+
+def test_all_dense_heads_skip_flex_and_odd_lengths_match_the_reference(monkeypatch):
+    torch.manual_seed(5)
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=16)
+    backend = FlexBackend()
+    monkeypatch.setattr(backend, "_flex", lambda *args, **kwargs: pytest.fail("flex ran for dense heads only"))
+    for width in (1, 17, 127, 129):
+        layout = SequenceLayout.dense(2, width)
+        query = torch.randn(2, 8, width, 32)
+        key, value = torch.randn(2, 2, 2, width, 32)
+        tables = build_block_tables(layout, torch.full((2, 2), FULL), config, 8)
+        expected = ReferenceBackend().attend(query, key, value, layout, tables, 0.2)
+        torch.testing.assert_close(backend.attend(query, key, value, layout, tables, 0.2), expected,
+                                   atol=2e-5, rtol=1e-4)
+
+
+def test_gradients_of_dense_heads_equal_the_reference():
+    """The training mix differentiates its all-full output, which runs through SDPA alone: its gradients to query,
+    key and value equal the reference backend's (the mixed split's gradients need flex's backward, which has no CPU
+    kernel: `tests/test_gpu_backends.py`)."""
+    torch.manual_seed(7)
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=16)
+    mask = torch.ones(2, 61, dtype=torch.bool)
+    mask[1, :11] = False
+    layout = SequenceLayout.from_padding_mask(mask)
+    tables = build_block_tables(layout, torch.full((2, 2), FULL), config, 4)
+    states = [torch.randn(2, 4, 61, 32), *torch.randn(2, 2, 2, 61, 32)]
+    weights = torch.randn(2, 4, 61, 32)
+    gradients = []
+    for backend in (BACKEND, ReferenceBackend()):
+        leaves = [state.clone().requires_grad_() for state in states]
+        (backend.attend(*leaves, layout, tables, 0.2) * weights).sum().backward()
+        gradients.append([leaf.grad for leaf in leaves])
+    for actual, expected in zip(*gradients):
+        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_dense_heads_argument_is_checked():
+    with pytest.raises(InputError, match="dense_heads"):
+        FlexBackend(dense_heads="cudnn")

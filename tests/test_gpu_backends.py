@@ -125,3 +125,31 @@ def test_xa_scores_of_bf16_states_on_the_gpu_match_float64(length):
     actual = antidiagonal_block_scores(query[0], key[0], block_size=128, stride=16)
     expected = antidiagonal_block_scores(query[0].double().cpu(), key[0].double().cpu(), block_size=128, stride=16)
     assert float((actual.double().cpu() - expected).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("group", [1, 7])
+def test_flex_dense_heads_split_equals_one_launch_and_its_gradients_the_reference(group):
+    """Mixed routing on a left-padded batch: flex with its full KV heads through SDPA equals flex in one launch, and
+    its gradients (what the training mix differentiates) equal the reference backend's."""
+    from elastic_attention.backends.flex import FlexBackend
+
+    config = ElasticConfig(block_size=128, sink_tokens=128, local_tokens=256)
+    mask = torch.ones(2, 1500, dtype=torch.bool, device="cuda")
+    mask[1, :333] = False
+    layout = SequenceLayout.from_padding_mask(mask)
+    states = random_states(2, 2, group, 1500, 64, seed=group)
+    modes = torch.tensor([[0, 1], [1, 0]], device="cuda")
+    scale = 64**-0.5
+    tables = build_block_tables(layout, modes, config, 2 * group)
+    weights = torch.randn(states[0].shape, device="cuda", dtype=torch.bfloat16)
+    outputs, gradients = [], []
+    for backend in (FlexBackend(), FlexBackend(dense_heads="flex"), ReferenceBackend()):
+        leaves = [state.float().clone().requires_grad_() for state in states]
+        output = backend.attend(*leaves, layout, tables, scale)
+        (output * weights.float()).sum().backward()
+        outputs.append(output.detach())
+        gradients.append([leaf.grad for leaf in leaves])
+    torch.testing.assert_close(outputs[0], outputs[1], atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(outputs[0], outputs[2], atol=2e-3, rtol=2e-3)
+    for actual, expected in zip(gradients[0], gradients[2]):
+        torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)

@@ -1,4 +1,5 @@
-"""FlexAttention backend: one flex_attention launch per layer, its BlockMask built from the block tables.
+"""FlexAttention backend: one flex_attention launch per layer, its BlockMask built from the block tables, and the
+KV heads on full causal attention through SDPA.
 
 Each sequence is gathered into its own batch row of a left-aligned buffer (logical position p at index p - offset),
 so the kernel's block grid is the sequences' logical block grid whatever the padding or packing. The BlockMask comes
@@ -7,6 +8,12 @@ a query block is cut (causality, and the sequence end, which falls in the last q
 attended block lies wholly before the queries and is passed as a full block, so the kernel evaluates no mask there
 (`split_diagonal`). With a model window on every layer the blocks its edge cuts are partial too
 (`split_window_edges`). Query rows past a sequence's end compute over full blocks and are dropped.
+
+At a prefill from the first token, the (sequence, KV head) pairs whose tables are exactly full causal attention run
+as one causal SDPA call (`dense_heads="sdpa"`, the default; on Hopper-or-newer GPUs cuDNN first): torch's dense
+kernels do the same work in less time than flex (on an H200 at 32K, head_dim 128: cuDNN 14.8 ms, flex 20.4 ms), so
+a layer whose heads are mostly full is never slower than dense attention. Flex then computes the other heads only
+(the dense heads' rows get no block). `dense_heads="flex"` keeps every head in the one flex launch.
 
 Queries of a sequence must start on a block boundary (prefill) or lie inside one block (a decode step).
 """
@@ -70,14 +77,24 @@ class FlexBackend:
     #: so that GPU-only path could not be tested here.
     supports_sinks = False
 
-    def __init__(self, kernel_options: dict | None = None) -> None:
+    def __init__(self, kernel_options: dict | None = None, dense_heads: str = "sdpa") -> None:
         """Args:
             kernel_options: flex_attention ``kernel_options`` for every call, instead of those `kernel_options_for`
                 picks per GPU, head_dim and block size (for tuning; see `scripts/flex_kernel_sweep.py`).
+            dense_heads: ``"sdpa"``: at a prefill from the first token, KV heads whose tables are full causal
+                attention run through one causal SDPA call and flex computes the rest; ``"flex"``: every head in
+                the flex launch.
+
+        Raises:
+            BackendUnavailableError: torch has no FlexAttention.
+            InputError: ``dense_heads`` is neither ``"sdpa"`` nor ``"flex"``.
         """
         available, reason = flex_available()
         if not available:
             raise BackendUnavailableError(f"backend 'flex' cannot run: {reason}")
+        if dense_heads not in ("sdpa", "flex"):
+            raise InputError(f"`dense_heads` must be 'sdpa' or 'flex', got {dense_heads!r}")
+        self.dense_heads = dense_heads
         from torch.nn.attention.flex_attention import flex_attention
 
         # Past the recompile limit dynamo runs flex_attention eagerly, which is wrong for SSA rows (above): leave
@@ -130,11 +147,22 @@ class FlexBackend:
 
         padded_queries, padded_keys = aligned.query.shape[2], aligned.key.shape[2]
         counts, index = fit_tables(tables, padded_queries // size, padded_keys // size)
-        if window is None:
-            split = split_diagonal(counts.to(device), index.to(device), tables.first_query_block.to(device))
+        counts = counts.to(device)
+        dense = None
+        if self.dense_heads == "sdpa" and window is None and softcap is None and sinks is None:
+            dense = _dense_kv_heads(counts, tables, aligned, key.shape[1])
+        if dense is not None and bool(dense.all()):
+            attended = _dense_attention(aligned, dense, scale)
+            return aligned.scatter(attended, query)
+        if dense is not None and bool(dense.any()):
+            group = query.shape[1] // key.shape[1]
+            counts = counts.masked_fill(dense.repeat_interleave(group, dim=1)[:, :, None], 0)
         else:
-            split = split_window_edges(counts.to(device), index.to(device), tables.first_query_block.to(device),
-                                       size, window)
+            dense = None
+        if window is None:
+            split = split_diagonal(counts, index.to(device), tables.first_query_block.to(device))
+        else:
+            split = split_window_edges(counts, index.to(device), tables.first_query_block.to(device), size, window)
         block_mask = BlockMask.from_kv_blocks(
             *split, BLOCK_SIZE=size, mask_mod=causal_within_sequence if window is None else causal_within_window,
             seq_lengths=(padded_queries, padded_keys),
@@ -155,7 +183,69 @@ class FlexBackend:
             # add output columns that are dropped.
             states = tuple(F.pad(state, (0, CPU_MIN_HEAD_DIM - head_dim)) for state in states)
         attended = self._flex(*states, **arguments)[..., :head_dim]
+        if dense is not None:
+            attended = _with_dense_heads(attended, _dense_attention(aligned, dense, scale), dense)
         return aligned.scatter(attended, query)
+
+
+def _dense_kv_heads(counts: torch.Tensor, tables: BlockTables, aligned: AlignedSequences,
+                    num_kv_heads: int) -> torch.Tensor | None:
+    """Which (sequence, KV head) pairs attend full causal attention in every row: [N, Hkv] bool on the host, or
+    None where SDPA cannot stand in for them (queries that do not start at each sequence's first token).
+
+    Args:
+        counts: [N, Hq, R] attended key blocks per row of the kernel grid (rows past a sequence's queries: 0).
+    """
+    if any(aligned.query_offsets) or aligned.query.shape[2] != aligned.key.shape[2]:
+        return None
+    rows = torch.arange(counts.shape[2], device=counts.device)
+    first = tables.first_query_block.to(counts.device)[:, None, None]
+    live = rows[None, None, :] < tables.num_rows.to(counts.device)[:, None, None]
+    full = ((counts == first + rows + 1) | ~live).all(dim=-1)  # [N, Hq]
+    has_queries = torch.tensor([count > 0 for count in aligned.query_counts], device=counts.device)
+    full &= has_queries[:, None]
+    return full.unflatten(1, (num_kv_heads, -1)).all(dim=-1).cpu()
+
+
+def _dense_attention(aligned: AlignedSequences, dense: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal SDPA over the aligned states of the ``dense`` [N, Hkv] pairs: [P, G, S, D] for their P pairs in
+    row-major order (G query heads per KV head), or [N, Hq, S, D] when every pair is dense."""
+    query, key, value = aligned.query, aligned.key, aligned.value
+    group = query.shape[1] // key.shape[1]
+    if not bool(dense.all()):
+        sequences, kv_heads = dense.nonzero(as_tuple=True)
+        sequences, kv_heads = sequences.to(query.device), kv_heads.to(query.device)
+        query = query.unflatten(1, (key.shape[1], group))[sequences, kv_heads]
+        key, value = key[sequences, kv_heads][:, None], value[sequences, kv_heads][:, None]
+    with _dense_kernels(query.device):
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
+                                              enable_gqa=key.shape[1] != query.shape[1])
+
+
+def _with_dense_heads(attended: torch.Tensor, dense_output: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """The flex output [N, Hq, S, D] with the dense pairs' query heads taken from ``dense_output`` [P, G, S, D]
+    (out of place, so gradients reach both)."""
+    sequences, kv_heads = (index.to(attended.device) for index in dense.nonzero(as_tuple=True))
+    grouped = attended.unflatten(1, (dense.shape[1], -1))
+    return grouped.index_put((sequences, kv_heads), dense_output.to(attended.dtype)).flatten(1, 2)
+
+
+def _dense_kernels(device: torch.device):
+    """SDPA's kernels for the dense heads, fastest first: on Hopper-or-newer GPUs cuDNN leads (an H200 at 32K,
+    head_dim 128: 14.8 ms against flash's 25.7 ms; `benchmarks/results/layer_flex.json`); elsewhere torch's own
+    order."""
+    from contextlib import nullcontext
+
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+             SDPBackend.MATH]
+    try:
+        return sdpa_kernel(order, set_priority=True)
+    except TypeError:  # torch without priorities: the same backends in torch's order
+        return sdpa_kernel(order)
 
 
 def _softcap_score_mod(cap: torch.Tensor):
