@@ -14,8 +14,8 @@ replays, and counts the step: nothing per layer, and nothing read back but one f
 (`DecodeGraph.check_masks`). When the longest sequence reaches the capacity, the
 cache leaves static mode and the next step captures again with room for more (up to the cache's ``max_length``,
 beyond which the step raises). Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
-``ElasticCache(model, cuda_graphs=False)``. With ``attach(..., grouped_projections=True)`` the captured step of one
-sequence runs the decoder layers' linear projections as grouped Triton launches (`decode_projections`); with
+``ElasticCache(model, cuda_graphs=False)``. Unless ``attach(..., grouped_projections=False)``, the captured step of
+one sequence runs the decoder layers' linear projections as grouped Triton launches (`decode_projections`); with
 ``attach(..., compile_decode=True)`` every decoder layer also runs through ``torch.compile`` (`compiled`), which
 fuses the elementwise work around the projections (`decode_layers` sets up both).
 """
