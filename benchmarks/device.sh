@@ -5,7 +5,8 @@
 # stages that produced it and the staging they need.
 #
 #   OUT=$OUT bash benchmarks/device.sh tests [PYTEST ARGS]   # GPU tests (default: pytest -q -m gpu tests)
-#   OUT=$OUT bash benchmarks/device.sh layer                 # one hybrid layer, flex (and fa4 when installed) against
+#   OUT=$OUT bash benchmarks/device.sh layer                 # one hybrid layer, flex (its full heads through SDPA),
+#                                                            # flex in one launch (and fa4 when installed) against
 #                                                            # dense SDPA (cuDNN and flash, the faster kept): layer_flex.json
 #   OUT=$OUT bash benchmarks/device.sh bench KIND ARGS       # elastic-attention bench KIND ARGS --out $OUT/KIND.json
 #                                                            # (KIND: prefill, decode, layer, train-step)
@@ -50,9 +51,9 @@ copy_run() {  # a run folder's summary, metrics, plot and router adapter (or mod
   cp "$1/$part"/* "$2/$part/" 2>/dev/null
 }
 layer_stage() {  # the layer benchmark, flex (and fa4 when installed): layer_stage FLEX_KERNEL_OPTIONS_JSON (or "")
-  local backends=flex
+  local backends=flex,flex_one_launch
   python3 -c "from elastic_attention.backends.fa4 import fa4_available as a; raise SystemExit(not a()[0])" \
-    && backends=flex,fa4
+    && backends=flex,flex_one_launch,fa4
   timeout $LIMIT $cli bench layer --lengths ${LENGTHS:-32k,128k} --msr ${MSR:-0.25,0.5,0.75} \
     --backends $backends --repeats 10 ${1:+--flex-kernel-options "$1"} --out "$OUT/layer_flex.json" \
     > "$OUT/layer.log" 2>&1

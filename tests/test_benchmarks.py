@@ -27,10 +27,11 @@ def run_bench(name: str, tmp_path: Path, *options: str) -> dict:
 def test_layer_benchmark_smoke_run_on_cpu(tmp_path):
     result = run_bench("layer", tmp_path, "--device", "cpu", "--lengths", "300", "--msr", "0.5", "--heads", "4",
                        "--kv-heads", "2", "--head-dim", "32", "--block-size", "64", "--sink", "64", "--local", "128",
-                       "--repeats", "1", "--tolerance", "1e-4", "--backends", "flex")
+                       "--repeats", "1", "--tolerance", "1e-4", "--backends", "flex,flex_one_launch")
     row = result["results"][0]
     assert result["device"] == "cpu" and result["command"]
-    assert row["flex_max_error"] < 1e-4 and 0 < row["attended_block_fraction"] <= 1
+    assert row["flex_max_error"] < 1e-4 and row["flex_one_launch_max_error"] < 1e-4
+    assert 0 < row["attended_block_fraction"] <= 1
     assert row["ideal_s"] == pytest.approx(row["dense_sdpa_s"] * row["attended_block_fraction"])
     assert row["flex_pipelined_s"] > 0 and row["flex_pipelined_over_ideal"] > 0
 

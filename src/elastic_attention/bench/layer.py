@@ -1,7 +1,8 @@
 """One hybrid attention layer: backends against dense attention and the ideal.
 
 For each length and MSR (the share of KV heads routed to SSA), it times the routing work of one layer (router on
-pooled keys, block tables, XA estimate) and the attention kernel of each backend, next to dense causal attention in
+pooled keys, block tables, XA estimate) and the attention kernel of each backend (``flex``: its full KV heads through
+SDPA, the rest through flex; ``flex_one_launch``: every head in one flex launch), next to dense causal attention in
 the same run (SDPA: on CUDA the faster of its cuDNN and flash backends; FA4 when installed); "ideal" is the dense
 time (FA4, else SDPA) multiplied by the fraction of causal blocks the hybrid layer attends. "total" is routing timed alone plus
 the kernel timed alone (the host's launch latency of the routing counted in full); "pipelined" is the time per layer
@@ -42,11 +43,7 @@ def run(args) -> dict:
     config = elastic_config(args, args.configuration)
     retrieval, sparse = MODE_CODES[config.retrieval_mode], MODE_CODES[config.sparse_mode]
     router = AttentionRouter(args.head_dim).to(device).eval()
-    backends = {name: get_backend(name) for name in args.backends}
-    if args.flex_kernel_options is not None and "flex" in backends:
-        from elastic_attention.backends.flex import FlexBackend
-
-        backends["flex"] = FlexBackend(kernel_options=args.flex_kernel_options)
+    backends = {name: layer_backend(name, args.flex_kernel_options) for name in args.backends}
     rows = []
     for length in args.lengths:
         generator = torch.Generator(device).manual_seed(length)
@@ -113,6 +110,16 @@ def run(args) -> dict:
     }
 
 
+def layer_backend(name: str, flex_kernel_options: dict | None):
+    """The backend called ``name``, or ``flex_one_launch``: flex with every head in its one launch (no SDPA for the
+    dense heads); both flex kinds take ``flex_kernel_options`` when given."""
+    if name not in ("flex", "flex_one_launch"):
+        return get_backend(name)
+    from elastic_attention.backends.flex import FlexBackend
+
+    return FlexBackend(kernel_options=flex_kernel_options, dense_heads="sdpa" if name == "flex" else "flex")
+
+
 def flex_options_used(args, device: torch.device) -> dict | None:
     """The kernel options the flex backend ran with: ``--flex-kernel-options``, else its per-GPU choice."""
     if args.flex_kernel_options is not None:
@@ -126,7 +133,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("8k,32k,128k"))
     parser.add_argument("--msr", type=lambda t: [float(x) for x in t.split(",")], default=[0.25, 0.5, 0.75, 1.0])
-    parser.add_argument("--backends", type=lambda t: t.split(","), default=["fa4", "flex"])
+    parser.add_argument("--backends", type=lambda t: t.split(","), default=["fa4", "flex"],
+                        help="comma-separated: fa4, flex, flex_one_launch, cpu, reference")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
