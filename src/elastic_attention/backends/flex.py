@@ -156,7 +156,7 @@ class FlexBackend:
             return aligned.scatter(attended, query)
         if dense is not None and bool(dense.any()):
             group = query.shape[1] // key.shape[1]
-            counts = counts.masked_fill(dense.repeat_interleave(group, dim=1)[:, :, None], 0)
+            counts = counts.masked_fill(dense.repeat_interleave(group, dim=1)[:, :, None].to(device), 0)
         else:
             dense = None
         if window is None:

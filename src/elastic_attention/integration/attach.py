@@ -147,6 +147,9 @@ def attach(
     for index in routed:
         source = getattr(modules[index], family.key_source)
         handles.append(source.register_forward_hook(_key_hook(runtime, index)))
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, nn.Linear):
+        handles.append(head.register_forward_pre_hook(_with_standard_strides))
     runtime.handles = handles
     for module in modules:
         object.__setattr__(module, RUNTIME_ATTRIBUTE, runtime)
@@ -155,6 +158,19 @@ def attach(
                                    group_projections=grouped_projections)
     model.set_attn_implementation(WINDOWED_ATTENTION_NAME if runtime.sliding_layers else ATTENTION_NAME)
     return model
+
+
+def _with_standard_strides(module: nn.Module, args: tuple) -> tuple:
+    """A forward pre-hook of the output head: its input with the strides of a fresh tensor (a view; a copy only where
+    none exists, as for the last token of each sequence of a batch).
+
+    ``logits_to_keep`` hands the head a slice of the hidden states ([B, 1, hidden] with the strides of [B, S,
+    hidden]). With a frozen weight (attach freezes the backbone), torch's matmul does not fold such an input into one
+    matrix product: it multiplies by a batched copy of the whole weight instead (seen with torch 2.13 on a CPU: 0.6 s
+    of a Qwen2.5-0.5B prefill, against 0.02 s folded).
+    """
+    hidden = args[0]
+    return (hidden.reshape(-1, hidden.shape[-1]).view(hidden.shape), *args[1:])
 
 
 def _backend_for(name: str, softcap: float | None, sinks: bool):
