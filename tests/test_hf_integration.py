@@ -182,6 +182,28 @@ def test_detach_restores_the_model():
         torch.testing.assert_close(model(ids).logits, expected)
 
 
+def test_the_frozen_output_head_reads_its_input_with_fresh_strides_until_detach():
+    """``logits_to_keep`` slices the hidden states; attached (weights frozen), the head gets that slice with the
+    strides of a fresh tensor, so torch folds it into one matrix product (and logits equal the plain model's)."""
+    model = tiny_model("qwen2")
+    ids = torch.randint(1, 97, (2, 20))
+    with torch.no_grad():
+        expected = model(ids, logits_to_keep=1).logits
+    ea.attach(model, CONFIG)
+    ea.force_routing(model, "full")
+    strides = []
+    spy = model.lm_head.register_forward_pre_hook(lambda module, args: strides.append(args[0].stride()))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, logits_to_keep=1).logits, expected, atol=1e-5, rtol=1e-4)
+    hidden = model.config.hidden_size
+    assert strides[-1] == (hidden, hidden, 1)
+    ea.detach(model)
+    with torch.no_grad():
+        model(ids, logits_to_keep=1)
+    assert strides[-1] == (20 * hidden, hidden, 1)
+    spy.remove()
+
+
 def test_refusals_name_the_problem():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel
 

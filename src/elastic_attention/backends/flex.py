@@ -20,6 +20,8 @@ Queries of a sequence must start on a block boundary (prefill) or lie inside one
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -148,24 +150,23 @@ class FlexBackend:
         padded_queries, padded_keys = aligned.query.shape[2], aligned.key.shape[2]
         counts, index = fit_tables(tables, padded_queries // size, padded_keys // size)
         counts = counts.to(device)
-        dense = None
+        dense = dense_output = None
         if self.dense_heads == "sdpa" and window is None and softcap is None and sinks is None:
             dense = _dense_kv_heads(counts, tables, aligned, key.shape[1])
-        if dense is not None and bool(dense.all()):
-            attended = _dense_attention(aligned, dense, scale)
-            return aligned.scatter(attended, query)
         if dense is not None and bool(dense.any()):
+            # Launched before the flex call is prepared: the GPU runs it while the host builds the block mask.
+            dense_output = _dense_attention(aligned, dense, scale)
+            if bool(dense.all()):
+                return aligned.scatter(dense_output, query)
             group = query.shape[1] // key.shape[1]
             counts = counts.masked_fill(dense.repeat_interleave(group, dim=1)[:, :, None].to(device), 0)
-        else:
-            dense = None
         if window is None:
             split = split_diagonal(counts, index.to(device), tables.first_query_block.to(device))
         else:
             split = split_window_edges(counts, index.to(device), tables.first_query_block.to(device), size, window)
         block_mask = BlockMask.from_kv_blocks(
             *split, BLOCK_SIZE=size, mask_mod=causal_within_sequence if window is None else causal_within_window,
-            seq_lengths=(padded_queries, padded_keys),
+            seq_lengths=(padded_queries, padded_keys), **_without_backward_tables(query, key, value),
         )
         options = self._kernel_options
         if options is None:
@@ -183,8 +184,8 @@ class FlexBackend:
             # add output columns that are dropped.
             states = tuple(F.pad(state, (0, CPU_MIN_HEAD_DIM - head_dim)) for state in states)
         attended = self._flex(*states, **arguments)[..., :head_dim]
-        if dense is not None:
-            attended = _with_dense_heads(attended, _dense_attention(aligned, dense, scale), dense)
+        if dense_output is not None:
+            attended = _with_dense_heads(attended, dense_output, dense)
         return aligned.scatter(attended, query)
 
 
@@ -211,12 +212,11 @@ def _dense_attention(aligned: AlignedSequences, dense: torch.Tensor, scale: floa
     """Causal SDPA over the aligned states of the ``dense`` [N, Hkv] pairs: [P, G, S, D] for their P pairs in
     row-major order (G query heads per KV head), or [N, Hq, S, D] when every pair is dense."""
     query, key, value = aligned.query, aligned.key, aligned.value
-    group = query.shape[1] // key.shape[1]
     if not bool(dense.all()):
-        sequences, kv_heads = dense.nonzero(as_tuple=True)
-        sequences, kv_heads = sequences.to(query.device), kv_heads.to(query.device)
-        query = query.unflatten(1, (key.shape[1], group))[sequences, kv_heads]
-        key, value = key[sequences, kv_heads][:, None], value[sequences, kv_heads][:, None]
+        pairs = _pair_index(dense, query.device)
+        group = query.shape[1] // key.shape[1]
+        query = query.reshape(-1, group, *query.shape[2:]).index_select(0, pairs)
+        key, value = (state.reshape(-1, 1, *state.shape[2:]).index_select(0, pairs) for state in (key, value))
     with _dense_kernels(query.device):
         return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
                                               enable_gqa=key.shape[1] != query.shape[1])
@@ -225,9 +225,26 @@ def _dense_attention(aligned: AlignedSequences, dense: torch.Tensor, scale: floa
 def _with_dense_heads(attended: torch.Tensor, dense_output: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     """The flex output [N, Hq, S, D] with the dense pairs' query heads taken from ``dense_output`` [P, G, S, D]
     (out of place, so gradients reach both)."""
-    sequences, kv_heads = (index.to(attended.device) for index in dense.nonzero(as_tuple=True))
-    grouped = attended.unflatten(1, (dense.shape[1], -1))
-    return grouped.index_put((sequences, kv_heads), dense_output.to(attended.dtype)).flatten(1, 2)
+    pairs = _pair_index(dense, attended.device)
+    grouped = attended.reshape(-1, *dense_output.shape[1:])
+    return grouped.index_copy(0, pairs, dense_output.to(attended.dtype)).reshape(attended.shape)
+
+
+def _pair_index(dense: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Row-major indices n * Hkv + h of the True (sequence n, KV head h) pairs of ``dense`` [N, Hkv], on ``device``."""
+    return dense.flatten().nonzero().flatten().to(device)
+
+
+def _without_backward_tables(*states: torch.Tensor) -> dict:
+    """``BlockMask.from_kv_blocks`` arguments that skip the query-block tables only a backward pass reads (a sort
+    over every table) when no gradient flows through ``states`` and this torch can skip them."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if torch.is_grad_enabled() and any(state.requires_grad for state in states):
+        return {}
+    if "compute_q_blocks" not in inspect.signature(BlockMask.from_kv_blocks).parameters:
+        return {}
+    return {"compute_q_blocks": False}
 
 
 def _dense_kernels(device: torch.device):

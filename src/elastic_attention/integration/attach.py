@@ -161,8 +161,8 @@ def attach(
 
 
 def _with_standard_strides(module: nn.Module, args: tuple) -> tuple:
-    """A forward pre-hook of the output head: its input with the strides of a fresh tensor (a view; a copy only where
-    none exists, as for the last token of each sequence of a batch).
+    """A forward pre-hook of the output head: its input with the strides of a fresh tensor (a view of one sequence's
+    last token; a copy of the last tokens of a batch).
 
     ``logits_to_keep`` hands the head a slice of the hidden states ([B, 1, hidden] with the strides of [B, S,
     hidden]). With a frozen weight (attach freezes the backbone), torch's matmul does not fold such an input into one
@@ -170,7 +170,7 @@ def _with_standard_strides(module: nn.Module, args: tuple) -> tuple:
     of a Qwen2.5-0.5B prefill, against 0.02 s folded).
     """
     hidden = args[0]
-    return (hidden.reshape(-1, hidden.shape[-1]).view(hidden.shape), *args[1:])
+    return (hidden.contiguous().reshape(-1, hidden.shape[-1]).view(hidden.shape), *args[1:])
 
 
 def _backend_for(name: str, softcap: float | None, sinks: bool):
