@@ -11,9 +11,9 @@ attended block lies wholly before the queries and is passed as a full block, so 
 
 At a prefill from the first token, the (sequence, KV head) pairs whose tables are exactly full causal attention run
 as one causal SDPA call (`dense_heads="sdpa"`, the default; on Hopper-or-newer GPUs cuDNN first): torch's dense
-kernels do the same work in less time than flex (on an H200 at 32K, head_dim 128: cuDNN 14.8 ms, flex 20.4 ms), so
-a layer whose heads are mostly full is never slower than dense attention. Flex then computes the other heads only
-(the dense heads' rows get no block). `dense_heads="flex"` keeps every head in the one flex launch.
+kernels do the same work in less time than flex (an H200 at 32K, head_dim 128, every head dense: cuDNN 15.0 ms,
+flex 20.4 ms). Flex then computes the other heads only (the dense heads' rows get no block). `dense_heads="flex"`
+keeps every head in the one flex launch.
 
 Queries of a sequence must start on a block boundary (prefill) or lie inside one block (a decode step).
 """
@@ -249,8 +249,8 @@ def _without_backward_tables(*states: torch.Tensor) -> dict:
 
 def _dense_kernels(device: torch.device):
     """SDPA's kernels for the dense heads, fastest first: on Hopper-or-newer GPUs cuDNN leads (an H200 at 32K,
-    head_dim 128: 14.8 ms against flash's 25.7 ms; `benchmarks/results/layer_flex.json`); elsewhere torch's own
-    order."""
+    dense causal: 15.0 ms against flash's 25.7 ms at head_dim 128, 9.3 against 14.2 ms at head_dim 64;
+    `benchmarks/results/layer_flex_2026-12-02.md`); elsewhere torch's own order."""
     from contextlib import nullcontext
 
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:

@@ -67,9 +67,8 @@ def main(argv: list[str] | None = None) -> None:
         results.append({"mode": mode, "seconds": seconds, "max_logit_difference": error})
         print(f"{mode:>15}: {seconds:.3f} s (logits within {error:.2e} of the check)", flush=True)
     result = {**run_header(torch.device("cpu")), "processor": _processor(), "threads": args.threads,
-              "length": args.length,
-              "model": args.model or "random Qwen2.5-0.5B shape", "dtype": "bfloat16", "sink_tokens": args.sink,
-              "local_tokens": args.local, "results": results}
+              "length": args.length, "model": args.model or "random Qwen2.5-0.5B shape", "dtype": "bfloat16",
+              "sink_tokens": args.sink, "local_tokens": args.local, "results": results}
     if args.out is not None:
         write_result(args.out, result)
 
