@@ -166,7 +166,7 @@ def test_full_blocks_are_wholly_visible_and_only_the_diagonal_is_cut(width, bloc
 
 
 def dense_pairs_by_brute_force(tables, layout):
-    """[N, Hkv-or-Hq] per query head: whether its token mask equals full causal attention over its sequence."""
+    """[N, Hq] bool: whether each query head's token mask equals full causal attention over its sequence."""
     from elastic_attention.patterns import block_mask_from_tables
 
     size = tables.block_size

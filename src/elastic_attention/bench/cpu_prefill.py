@@ -14,7 +14,6 @@ equal to float tolerance; sparse: the reference backend's logits).
 from __future__ import annotations
 
 import argparse
-import platform
 from pathlib import Path
 
 import torch
@@ -66,22 +65,11 @@ def main(argv: list[str] | None = None) -> None:
             detach(model)
         results.append({"mode": mode, "seconds": seconds, "max_logit_difference": error})
         print(f"{mode:>15}: {seconds:.3f} s (logits within {error:.2e} of the check)", flush=True)
-    result = {**run_header(torch.device("cpu")), "processor": _processor(), "threads": args.threads,
+    result = {**run_header(torch.device("cpu")), "threads": args.threads,
               "length": args.length, "model": args.model or "random Qwen2.5-0.5B shape", "dtype": "bfloat16",
               "sink_tokens": args.sink, "local_tokens": args.local, "results": results}
     if args.out is not None:
         write_result(args.out, result)
-
-
-def _processor() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _forced(model, config: ElasticConfig, backend: str, routing: str, prefill) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import platform
 import statistics
 import sys
 import time
@@ -85,13 +86,27 @@ def parse_tokens(text: str) -> list[int]:
 
 
 def run_header(device: torch.device) -> dict:
-    """Date, device, versions and command of a benchmark run."""
-    return {
+    """Date, device (on a CPU also its processor), versions and command of a benchmark run."""
+    header = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "command": " ".join(sys.argv),
     }
+    if device.type == "cpu":
+        header["processor"] = processor_name()
+    return header
+
+
+def processor_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def write_result(path: Path, result: dict) -> None:
