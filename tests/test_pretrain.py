@@ -1,6 +1,6 @@
 """The pretraining recipe: the CLI for two CPU steps of the shipped tiny backbone's config, resume, the data stream
-the shipped backbones were trained on, and the dense sequences' supervision (each supervised token recovered by a
-slow parse of the words before it)."""
+the shipped backbones were trained on and the rows they were evaluated on, and the dense sequences' supervision (each
+supervised token recovered by a slow parse of the words before it)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,21 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import transformers
 
+from elastic_attention.chat import encode_prompt
 from elastic_attention.cli import main as cli_main
 from elastic_attention.errors import ConfigError
 from elastic_attention.evaluation.seeded_random import SampleRandom
+from elastic_attention.evaluation.synthetic import TASKS, generate
 from elastic_attention.evaluation.synthetic.tokenizer import build_tokenizer
 from elastic_attention.training.backbone import build_backbone_config, rope_theta_of
 from elastic_attention.training.data import IGNORE_INDEX
 from elastic_attention.training.pretrain import learning_rate, pretrain
+from elastic_attention.training.pretrain_eval import EVAL_SEED
 from elastic_attention.training.pretrain_config import PretrainConfig, PretrainData
 from elastic_attention.training.pretrain_data import StepBatches, dense_needle_sequence, sequence_length
 
@@ -130,10 +134,12 @@ def test_a_resumed_run_replays_the_uninterrupted_one(tmp_path, one_thread) -> No
         run("killed", True, "lr=0.002")
 
 
-#: SHA-256 (first 16 hex digits) of the batches of steps 0, 3500 and 9000 of the shipped tiny recipe (seed 0), as
-#: scripts/pretrain_backbone.py built them when it trained the shipped backbones (its last version: commit d96b3c3).
+#: SHA-256 (first 16 hex digits) of the batches of steps 0, 3500, 9000 and 14491 of the shipped tiny recipe (seed 0),
+#: as scripts/pretrain_backbone.py built them: both at commit b0d6f31, which trained the shipped l3_20 (14491 is its
+#: last step), and at its last version (d96b3c3). Checked once in full (2026-12-02, 9 minutes on 2 cores): the recipe's
+#: first 14492 steps supervise 24,173,246 tokens, l3_20's train_summary.json count.
 SHIPPED_STREAM = {0: ((128, 256), 0, "1a56b8a770d13a14"), 3500: ((64, 512), 28, "71d0630084526a24"),
-                  9000: ((32, 1024), 12, "3ac210d6ac72ee3c")}
+                  9000: ((32, 1024), 12, "3ac210d6ac72ee3c"), 14491: ((32, 1024), 19, "ca88cb634a90c700")}
 
 
 def test_the_data_stream_is_the_one_the_shipped_backbones_were_trained_on() -> None:
@@ -143,6 +149,28 @@ def test_the_data_stream_is_the_one_the_shipped_backbones_were_trained_on() -> N
         input_ids, labels, is_suite = batches.batch(step)
         hashed = hashlib.sha256(b"".join(t.numpy().tobytes() for t in (input_ids, labels, is_suite)))
         assert (tuple(input_ids.shape), int(is_suite.sum()), hashed.hexdigest()[:16]) == (shape, suite_rows, digest)
+
+
+#: SHA-256 (first 16 hex digits) of the recipe's evaluation rows per task (24 rows at 2048 tokens from EVAL_SEED: the
+#: prompt ids as int64, the answer, a newline), as scripts/pretrain_backbone.py at commit b0d6f31 built them
+#: (`tokenizer.encode(render_prompt(tokenizer, row))`) when it evaluated the shipped l3_20.
+SHIPPED_EVAL_ROWS = {"needle_single": "f58ce1c0715ebdd0", "needle_multikey": "24fdd2f2575f7d33",
+                     "needle_multivalue": "98260f6162d48ef2", "variable_tracking": "1d0faa3a877ef824",
+                     "local_recall": "bc098d34e728c9fa", "local_pattern": "384bec16dcb62155",
+                     "local_count": "cd79d468cfe227d1"}
+
+
+def test_the_evaluation_rows_are_the_ones_the_shipped_backbone_was_scored_on() -> None:
+    tokenizer = build_tokenizer()
+    digests = {}
+    for task in TASKS:
+        hashed = hashlib.sha256()
+        for row in generate(task, 2048, EVAL_SEED, 24):
+            prompt = encode_prompt(tokenizer, row.prompt)
+            assert len(prompt) == 2048
+            hashed.update(np.asarray(prompt, dtype=np.int64).tobytes() + row.answer.encode() + b"\n")
+        digests[task] = hashed.hexdigest()[:16]
+    assert digests == SHIPPED_EVAL_ROWS
 
 
 def test_a_resumed_loader_starts_at_its_step() -> None:
