@@ -20,7 +20,9 @@
 #                                                            # profile_decode, decode_step_trace,
 #                                                            # xa_estimate_timing, compare_routers)
 #   OUT=$OUT bash benchmarks/device.sh real-train            # routers for the real model: $CONFIG
-#                                                            # (default configs/qwen2.5_coder_code.yaml)
+#                                                            # (default configs/qwen2.5_coder_code.yaml); RESUME=1
+#                                                            # continues $RUN from its latest checkpoint (a run
+#                                                            # longer than one call, on the same warm machine)
 #   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k      # the real model's table at these lengths, $SAMPLES per cell
 #   ROUTER=path MODES=full,elastic BATCH=8 OUT=$OUT bash benchmarks/device.sh real-eval 32k   # another router, fewer modes
 #
@@ -124,7 +126,7 @@ case ${1:-} in
     grep -v Warning "$OUT/decode_graphs.log" | tail -20 | cut -c1-600 ;;
   real-train)
     timeout ${TRAIN_LIMIT:-530} $cli train ${CONFIG:-configs/qwen2.5_coder_code.yaml} model="$MODEL" output_dir="$RUN" \
-      --no-progress > "$OUT/train.log" 2>&1
+      --no-progress ${RESUME:+--resume} > "$OUT/train.log" 2>&1
     echo "train rc $? at $(( $(date +%s) - start )) s"
     copy_run "$RUN" "$OUT"
     tail -3 "$OUT/train.log" ;;
