@@ -256,3 +256,31 @@ def test_gradients_of_dense_heads_equal_the_reference():
 def test_dense_heads_argument_is_checked():
     with pytest.raises(InputError, match="dense_heads"):
         FlexBackend(dense_heads="cudnn")
+
+
+@pytest.mark.parametrize("group, head_dim", [(1, 32), (4, 64)])
+def test_whole_block_prefills_use_the_callers_strided_tensors_and_match_the_reference(group, head_dim, monkeypatch):
+    """Unpadded and right-padded batches of whole blocks, states laid out as a transformers model makes them
+    ([B, S, H, D] transposed to [B, H, S, D]): flex reads them without a copy, leaves them unchanged, and equals the
+    reference with mixed, dense-only and sparse-only routings."""
+    import elastic_attention.backends.flex as flex
+    from elastic_attention.backends.sequences import AlignedSequences
+
+    torch.manual_seed(group * head_dim)
+    config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=16)
+    kv_heads, width = 3, 96
+    copied = []
+    gather = AlignedSequences.gather.__func__
+    monkeypatch.setattr(flex.AlignedSequences, "gather",
+                        classmethod(lambda cls, *a, **k: copied.append(gather(cls, *a, **k)) or copied[-1]))
+    right_padded = torch.ones(2, width, dtype=torch.bool)
+    right_padded[1, 53:] = False
+    for layout in (SequenceLayout.dense(2, width), SequenceLayout.from_padding_mask(right_padded)):
+        query = torch.randn(2, width, kv_heads * group, head_dim).transpose(1, 2)
+        key, value = torch.randn(2, 2, width, kv_heads, head_dim).transpose(2, 3)
+        before = [state.clone() for state in (query, key, value)]
+        for modes in ([[FULL, 1, FULL], [1, 1, FULL]], [[FULL] * 3] * 2, [[1] * 3] * 2):
+            actual, expected = run_both(query, key, value, layout, torch.tensor(modes), config)
+            assert not copied[-1].copied
+            torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+        assert all(torch.equal(state, kept) for state, kept in zip((query, key, value), before))

@@ -60,7 +60,7 @@ def test_left_padded_batch_with_per_sample_routing(backend_name, configuration, 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.parametrize("block_size", [64, 128])
-@pytest.mark.parametrize("width", [1, 129, 2047, 4999])
+@pytest.mark.parametrize("width", [1, 129, 2047, 2048, 4999])
 def test_unpadded_and_right_padded_prefill_of_odd_lengths(backend_name, block_size, width):
     config = ElasticConfig(block_size=block_size, sink_tokens=block_size, local_tokens=2 * block_size)
     query, key, value = random_states(1, 8, 4, width, 128, seed=width)
@@ -127,24 +127,30 @@ def test_xa_scores_of_bf16_states_on_the_gpu_match_float64(length):
     assert float((actual.double().cpu() - expected).abs().max()) < 1e-4
 
 
-@pytest.mark.parametrize("group", [1, 7])
-def test_flex_dense_heads_split_equals_one_launch_and_its_gradients_the_reference(group):
-    """Mixed routing on a left-padded batch: flex with its full KV heads through SDPA equals flex in one launch, and
-    its gradients (what the training mix differentiates) equal the reference backend's."""
+@pytest.mark.parametrize("group, width, padding", [(1, 1500, "left"), (7, 1500, "left"), (4, 1536, "right")])
+def test_flex_dense_heads_split_equals_one_launch_and_its_gradients_the_reference(group, width, padding):
+    """Mixed routing on a padded batch: flex with its full KV heads through SDPA equals flex in one launch, and its
+    gradients (what the training mix differentiates) equal the reference backend's. The right-padded batch of whole
+    blocks, in a transformers model's strided layout, runs on the caller's tensors (no copy)."""
     from elastic_attention.backends.flex import FlexBackend
 
     config = ElasticConfig(block_size=128, sink_tokens=128, local_tokens=256)
-    mask = torch.ones(2, 1500, dtype=torch.bool, device="cuda")
-    mask[1, :333] = False
+    mask = torch.ones(2, width, dtype=torch.bool, device="cuda")
+    if padding == "left":
+        mask[1, :333] = False
+    else:
+        mask[1, 1111:] = False
     layout = SequenceLayout.from_padding_mask(mask)
-    states = random_states(2, 2, group, 1500, 64, seed=group)
+    states = random_states(2, 2, group, width, 64, seed=group)
+    if padding == "right":
+        states = [state.transpose(1, 2).contiguous().transpose(1, 2) for state in states]
     modes = torch.tensor([[0, 1], [1, 0]], device="cuda")
     scale = 64**-0.5
     tables = build_block_tables(layout, modes, config, 2 * group)
     weights = torch.randn(states[0].shape, device="cuda", dtype=torch.bfloat16)
     outputs, gradients = [], []
     for backend in (FlexBackend(), FlexBackend(dense_heads="flex"), ReferenceBackend()):
-        leaves = [state.float().clone().requires_grad_() for state in states]
+        leaves = [state.float().requires_grad_() for state in states]
         output = backend.attend(*leaves, layout, tables, scale)
         (output * weights.float()).sum().backward()
         outputs.append(output.detach())

@@ -2,7 +2,9 @@
 KV heads on full causal attention through SDPA.
 
 Each sequence is gathered into its own batch row of a left-aligned buffer (logical position p at index p - offset),
-so the kernel's block grid is the sequences' logical block grid whatever the padding or packing. The BlockMask comes
+so the kernel's block grid is the sequences' logical block grid whatever the padding or packing; a prefill batch
+that already has that shape in whole blocks (one sequence per row from index 0, right padding at most) is used as it
+is, strided or not, and the output is written in place where no gradient flows. The BlockMask comes
 from the tables with `BlockMask.from_kv_blocks` (no per-position mask is materialized). Only the diagonal block of
 a query block is cut (causality, and the sequence end, which falls in the last query block's diagonal); every other
 attended block lies wholly before the queries and is passed as a full block, so the kernel evaluates no mask there
@@ -130,7 +132,9 @@ class FlexBackend:
                     f"the flex backend needs query chunks that start on a block boundary or fit in one block; "
                     f"got queries {offset}..{span.key_len - 1} with block size {size}"
                 )
-        aligned = AlignedSequences.gather(query, key, value, layout, size, allow_views=False)
+        # The caller's tensors serve as they are where they already form whole blocks (no copy; strided is fine).
+        whole_blocks = query.shape[2] % size == 0 and key.shape[2] % size == 0
+        aligned = AlignedSequences.gather(query, key, value, layout, size, allow_views=whole_blocks)
         device = query.device
         lengths = torch.tensor(aligned.lengths, device=device)
         query_offsets = torch.tensor(aligned.query_offsets, device=device)
@@ -213,26 +217,31 @@ def _dense_attention(aligned: AlignedSequences, dense: torch.Tensor, scale: floa
     row-major order (G query heads per KV head), or [N, Hq, S, D] when every pair is dense."""
     query, key, value = aligned.query, aligned.key, aligned.value
     if not bool(dense.all()):
-        pairs = _pair_index(dense, query.device)
-        group = query.shape[1] // key.shape[1]
-        query = query.reshape(-1, group, *query.shape[2:]).index_select(0, pairs)
-        key, value = (state.reshape(-1, 1, *state.shape[2:]).index_select(0, pairs) for state in (key, value))
+        pairs = _pair_indices(dense, query.device)
+        query = query.unflatten(1, (key.shape[1], -1))[pairs]
+        key, value = (state[pairs][:, None] for state in (key, value))
     with _dense_kernels(query.device):
         return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
                                               enable_gqa=key.shape[1] != query.shape[1])
 
 
 def _with_dense_heads(attended: torch.Tensor, dense_output: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """The flex output [N, Hq, S, D] with the dense pairs' query heads taken from ``dense_output`` [P, G, S, D]
-    (out of place, so gradients reach both)."""
-    pairs = _pair_index(dense, attended.device)
-    grouped = attended.reshape(-1, *dense_output.shape[1:])
-    return grouped.index_copy(0, pairs, dense_output.to(attended.dtype)).reshape(attended.shape)
+    """The flex output [N, Hq, S, D] with the dense pairs' query heads taken from ``dense_output`` [P, G, S, D]:
+    written in place when no gradient flows, else out of place (gradients reach both)."""
+    pairs = _pair_indices(dense, attended.device)
+    grouped = attended.unflatten(1, (dense.shape[1], -1))
+    heads = dense_output.to(attended.dtype)
+    if attended.requires_grad:
+        return grouped.index_put(pairs, heads).flatten(1, 2)
+    grouped[pairs] = heads
+    return attended
 
 
-def _pair_index(dense: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Row-major indices n * Hkv + h of the True (sequence n, KV head h) pairs of ``dense`` [N, Hkv], on ``device``."""
-    return dense.flatten().nonzero().flatten().to(device)
+def _pair_indices(dense: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence indices, KV head indices) of the True pairs of ``dense`` [N, Hkv] in row-major order, on
+    ``device``."""
+    sequences, kv_heads = dense.nonzero(as_tuple=True)
+    return sequences.to(device), kv_heads.to(device)
 
 
 def _without_backward_tables(*states: torch.Tensor) -> dict:

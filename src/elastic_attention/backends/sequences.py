@@ -79,11 +79,12 @@ class AlignedSequences:
     def scatter(self, attended: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """The kernel's output [N, Hq, Sq_pad, D] in the caller's layout (shape and dtype of ``like``), padding zero."""
         if not self.copied:
-            output = attended
-            for n, count in enumerate(self.query_counts):
-                if count < output.shape[2]:
-                    output[n, :, count:] = 0
-            return output
+            padded = [(n, count) for n, count in enumerate(self.query_counts) if count < attended.shape[2]]
+            if padded and attended.requires_grad:
+                attended = attended.clone()  # the kernel's backward may read its output
+            for n, count in padded:
+                attended[n, :, count:] = 0
+            return attended
         output = torch.zeros_like(like)
         for n, (row, _, _, first_row, count) in enumerate(self._spans):
             output[row, :, first_row : first_row + count] = attended[n, :, :count]
