@@ -185,11 +185,15 @@ def dense_pairs_by_brute_force(tables, layout):
 
 @pytest.mark.parametrize("group", [1, 4])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_dense_heads_through_sdpa_match_the_reference_and_the_one_launch(group, head_dim, monkeypatch):
-    """Padded and packed prefills with mixed routings: the split (dense pairs by SDPA, the rest by flex with no
-    block for the dense heads) equals the reference and the single flex launch, and takes exactly the pairs whose
-    token mask is full causal attention (brute force)."""
+@pytest.mark.parametrize("max_runs", [0, 4])
+def test_dense_heads_through_sdpa_match_the_reference_and_the_one_launch(group, head_dim, max_runs, monkeypatch):
+    """Padded and packed prefills with mixed routings: the split (dense pairs by SDPA, one call per run of
+    consecutive dense KV heads or, past ``MAX_DENSE_RUNS`` runs, one gathered call; the rest by flex with no block
+    for the dense heads) equals the reference and the single flex launch, and takes exactly the pairs whose token
+    mask is full causal attention (brute force)."""
     import elastic_attention.backends.flex as flex
+
+    monkeypatch.setattr(flex, "MAX_DENSE_RUNS", max_runs)
 
     torch.manual_seed(group + head_dim)
     config = ElasticConfig(block_size=16, sink_tokens=16, local_tokens=16)

@@ -127,12 +127,18 @@ def test_xa_scores_of_bf16_states_on_the_gpu_match_float64(length):
     assert float((actual.double().cpu() - expected).abs().max()) < 1e-4
 
 
-@pytest.mark.parametrize("group, width, padding", [(1, 1500, "left"), (7, 1500, "left"), (4, 1536, "right")])
-def test_flex_dense_heads_split_equals_one_launch_and_its_gradients_the_reference(group, width, padding):
-    """Mixed routing on a padded batch: flex with its full KV heads through SDPA equals flex in one launch, and its
-    gradients (what the training mix differentiates) equal the reference backend's. The right-padded batch of whole
-    blocks, in a transformers model's strided layout, runs on the caller's tensors (no copy)."""
+@pytest.mark.parametrize("group, width, padding, max_runs",
+                         [(1, 1500, "left", 4), (7, 1500, "left", 0), (4, 1536, "right", 4)])
+def test_flex_dense_heads_split_equals_one_launch_and_its_gradients_the_reference(group, width, padding, max_runs,
+                                                                                  monkeypatch):
+    """Mixed routing on a padded batch: flex with its full KV heads through SDPA (one call per run of dense KV heads,
+    or gathered into one call with ``max_runs`` 0) equals flex in one launch, and its gradients (what the training
+    mix differentiates) equal the reference backend's. The right-padded batch of whole blocks, in a transformers
+    model's strided layout, runs on the caller's tensors (no copy)."""
+    import elastic_attention.backends.flex as flex
     from elastic_attention.backends.flex import FlexBackend
+
+    monkeypatch.setattr(flex, "MAX_DENSE_RUNS", max_runs)
 
     config = ElasticConfig(block_size=128, sink_tokens=128, local_tokens=256)
     mask = torch.ones(2, width, dtype=torch.bool, device="cuda")

@@ -154,14 +154,14 @@ class FlexBackend:
         padded_queries, padded_keys = aligned.query.shape[2], aligned.key.shape[2]
         counts, index = fit_tables(tables, padded_queries // size, padded_keys // size)
         counts = counts.to(device)
-        dense = dense_output = None
+        dense = dense_parts = None
         if self.dense_heads == "sdpa" and window is None and softcap is None and sinks is None:
             dense = _dense_kv_heads(counts, tables, aligned, key.shape[1])
         if dense is not None and bool(dense.any()):
             # Launched before the flex call is prepared: the GPU runs it while the host builds the block mask.
-            dense_output = _dense_attention(aligned, dense, scale)
+            dense_parts = _dense_attention(aligned, dense, scale)
             if bool(dense.all()):
-                return aligned.scatter(dense_output, query)
+                return aligned.scatter(dense_parts[0][1], query)
             group = query.shape[1] // key.shape[1]
             counts = counts.masked_fill(dense.repeat_interleave(group, dim=1)[:, :, None].to(device), 0)
         if window is None:
@@ -188,8 +188,8 @@ class FlexBackend:
             # add output columns that are dropped.
             states = tuple(F.pad(state, (0, CPU_MIN_HEAD_DIM - head_dim)) for state in states)
         attended = self._flex(*states, **arguments)[..., :head_dim]
-        if dense_output is not None:
-            attended = _with_dense_heads(attended, dense_output, dense)
+        if dense_parts is not None:
+            attended = _with_dense_heads(attended, dense_parts)
         return aligned.scatter(attended, query)
 
 
@@ -212,36 +212,70 @@ def _dense_kv_heads(counts: torch.Tensor, tables: BlockTables, aligned: AlignedS
     return full.unflatten(1, (num_kv_heads, -1)).all(dim=-1).cpu()
 
 
-def _dense_attention(aligned: AlignedSequences, dense: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal SDPA over the aligned states of the ``dense`` [N, Hkv] pairs: [P, G, S, D] for their P pairs in
-    row-major order (G query heads per KV head), or [N, Hq, S, D] when every pair is dense."""
+#: Up to this many runs of consecutive dense KV heads get one SDPA call each, on views of the caller's heads; more
+#: are gathered into one call. An H200 at 32K (head_dim 128, MSR 0.25) spent 1.4 ms of the split's 13.4 ms of
+#: kernels gathering the dense pairs and writing them back (`benchmarks/results/profile_flex_layer_32k_2026-12-02.log`),
+#: where one more launch costs tens of microseconds.
+MAX_DENSE_RUNS = 4
+
+
+def _dense_attention(aligned: AlignedSequences, dense: torch.Tensor, scale: float) -> list[tuple[tuple, torch.Tensor]]:
+    """Causal SDPA over the ``dense`` [N, Hkv] (sequence, KV head) pairs of the aligned states.
+
+    Returns:
+        (index, output) parts: ``attended[index] = output`` puts the pairs' query heads into an [N, Hq, S, D]
+        output. When every pair is dense, one part whose output is all of it.
+    """
     query, key, value = aligned.query, aligned.key, aligned.value
-    if not bool(dense.all()):
-        pairs = _pair_indices(dense, query.device)
-        query = query.unflatten(1, (key.shape[1], -1))[pairs]
-        key, value = (state[pairs][:, None] for state in (key, value))
+    if bool(dense.all()):
+        return [((slice(None),), _causal_sdpa(query, key, value, scale))]
+    group = query.shape[1] // key.shape[1]
+    runs = _dense_head_runs(dense)
+    if len(runs) <= MAX_DENSE_RUNS:
+        parts = []
+        for sequence, first, end in runs:
+            heads = (slice(sequence, sequence + 1), slice(first * group, end * group))
+            kv_heads = (slice(sequence, sequence + 1), slice(first, end))
+            parts.append((heads, _causal_sdpa(query[heads], key[kv_heads], value[kv_heads], scale)))
+        return parts
+    sequences, kv_heads = dense.nonzero(as_tuple=True)
+    sequences, kv_heads = sequences.to(query.device), kv_heads.to(query.device)
+    output = _causal_sdpa(query.unflatten(1, (key.shape[1], group))[sequences, kv_heads],
+                          key[sequences, kv_heads][:, None], value[sequences, kv_heads][:, None], scale)
+    query_heads = (kv_heads[:, None] * group + torch.arange(group, device=query.device)).flatten()
+    return [((sequences.repeat_interleave(group), query_heads), output.flatten(0, 1))]
+
+
+def _causal_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal SDPA through the fastest dense kernel here (`_dense_kernels`), grouped query heads allowed."""
     with _dense_kernels(query.device):
         return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
                                               enable_gqa=key.shape[1] != query.shape[1])
 
 
-def _with_dense_heads(attended: torch.Tensor, dense_output: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """The flex output [N, Hq, S, D] with the dense pairs' query heads taken from ``dense_output`` [P, G, S, D]:
-    written in place when no gradient flows, else out of place (gradients reach both)."""
-    pairs = _pair_indices(dense, attended.device)
-    grouped = attended.unflatten(1, (dense.shape[1], -1))
-    heads = dense_output.to(attended.dtype)
+def _dense_head_runs(dense: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(sequence, first KV head, KV head after the last) of each run of consecutive True entries of ``dense``
+    [N, Hkv], in row-major order."""
+    runs = []
+    for sequence, row in enumerate(dense.tolist()):
+        first = None
+        for head, is_dense in enumerate([*row, False]):
+            if is_dense and first is None:
+                first = head
+            elif not is_dense and first is not None:
+                runs.append((sequence, first, head))
+                first = None
+    return runs
+
+
+def _with_dense_heads(attended: torch.Tensor, parts: list[tuple[tuple, torch.Tensor]]) -> torch.Tensor:
+    """The flex output [N, Hq, S, D] with the dense heads' outputs (`_dense_attention`'s parts) written over their
+    heads: in place when no gradient flows, else into a copy (gradients reach both)."""
     if attended.requires_grad:
-        return grouped.index_put(pairs, heads).flatten(1, 2)
-    grouped[pairs] = heads
+        attended = attended.clone()
+    for index, output in parts:
+        attended[index] = output.to(attended.dtype)
     return attended
-
-
-def _pair_indices(dense: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sequence indices, KV head indices) of the True pairs of ``dense`` [N, Hkv] in row-major order, on
-    ``device``."""
-    sequences, kv_heads = dense.nonzero(as_tuple=True)
-    return sequences.to(device), kv_heads.to(device)
 
 
 def _without_backward_tables(*states: torch.Tensor) -> dict:
