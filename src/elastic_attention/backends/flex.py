@@ -12,7 +12,8 @@ attended block lies wholly before the queries and is passed as a full block, so 
 (`split_window_edges`). Query rows past a sequence's end compute over full blocks and are dropped.
 
 At a prefill from the first token, the (sequence, KV head) pairs whose tables are exactly full causal attention run
-as one causal SDPA call (`dense_heads="sdpa"`, the default; on Hopper-or-newer GPUs cuDNN first): torch's dense
+through causal SDPA (`dense_heads="sdpa"`, the default; on Hopper-or-newer GPUs cuDNN first; one call per run of
+consecutive dense KV heads, on views, or one gathered call past `MAX_DENSE_RUNS` runs): torch's dense
 kernels do the same work in less time than flex (an H200 at 32K, head_dim 128, every head dense: cuDNN 15.0 ms,
 flex 20.4 ms). Flex then computes the other heads only (the dense heads' rows get no block). `dense_heads="flex"`
 keeps every head in the one flex launch.
