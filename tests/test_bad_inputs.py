@@ -75,7 +75,7 @@ CASES = {
                                         "`data.max_len` must be at least 192 tokens (suite rows need room), got 100"),
     "pretraining min_len above max_len": (lambda tmp: pretrain_config("data.max_len=200"), ConfigError,
                                           "`data.min_len` must be in [1, data.max_len = 200], got 256; lower it"),
-    "pretraining without a budget": (lambda tmp: pretrain_config("max_seconds=null"), ConfigError,
+    "pretraining without a budget": (lambda tmp: pretrain_config("max_steps=null", "max_seconds=null"), ConfigError,
                                      "set `max_steps` or `max_seconds`"),
     "pretraining heads not in groups": (lambda tmp: pretrain_config("model.num_kv_heads=3"), ConfigError,
                                         "`model.num_heads` (4) must be a multiple of `model.num_kv_heads` (3)"),

@@ -141,8 +141,8 @@ class PretrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     dense_lm_weight: float = 0.0
-    max_steps: int | None = None
-    max_seconds: float | None = 430.0
+    max_steps: int | None = 14492
+    max_seconds: float | None = None
     checkpoint_every: int = 0
     log_every: int = 50
     num_workers: int = 0
