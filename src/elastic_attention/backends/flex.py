@@ -215,8 +215,9 @@ def _dense_kv_heads(counts: torch.Tensor, tables: BlockTables, aligned: AlignedS
 
 #: Up to this many runs of consecutive dense KV heads get one SDPA call each, on views of the caller's heads; more
 #: are gathered into one call. An H200 at 32K (head_dim 128, MSR 0.25) spent 1.4 ms of the split's 13.4 ms of
-#: kernels gathering the dense pairs and writing them back (`benchmarks/results/profile_flex_layer_32k_2026-12-02.log`),
-#: where one more launch costs tens of microseconds.
+#: kernels gathering the dense pairs and writing them back (`benchmarks/results/profile_flex_layer_32k_2026-12-02.log`);
+#: on views the 32K MSR 0.25 layer took 0.8-1.4 ms less (`benchmarks/results/layer_flex_2026-12-02.md`, run 6). Many
+#: runs (a large batch routed head by head) would add a launch each, so past this count one gathered call serves.
 MAX_DENSE_RUNS = 4
 
 
