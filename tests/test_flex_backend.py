@@ -183,9 +183,7 @@ def dense_pairs_by_brute_force(tables, layout):
     return result
 
 
-@pytest.mark.parametrize("group", [1, 4])
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("max_runs", [0, 4])
+@pytest.mark.parametrize("group, head_dim, max_runs", [(1, 64, 4), (4, 64, 4), (1, 128, 4), (4, 128, 4), (4, 64, 0)])
 def test_dense_heads_through_sdpa_match_the_reference_and_the_one_launch(group, head_dim, max_runs, monkeypatch):
     """Padded and packed prefills with mixed routings: the split (dense pairs by SDPA, one call per run of
     consecutive dense KV heads or, past ``MAX_DENSE_RUNS`` runs, one gathered call; the rest by flex with no block
