@@ -134,7 +134,8 @@ def test_flex_dense_heads_split_equals_one_launch_and_its_gradients_the_referenc
     """Mixed routing on a padded batch: flex with its full KV heads through SDPA (one call per run of dense KV heads,
     or gathered into one call with ``max_runs`` 0) equals flex in one launch, and its gradients (what the training
     mix differentiates) equal the reference backend's. The right-padded batch of whole blocks, in a transformers
-    model's strided layout, runs on the caller's tensors (no copy)."""
+    model's strided layout, takes the path that reads the caller's tensors without a copy (the CPU test
+    `test_whole_block_prefills_use_the_callers_strided_tensors_and_match_the_reference` asserts that no copy is made)."""
     import elastic_attention.backends.flex as flex
     from elastic_attention.backends.flex import FlexBackend
 
