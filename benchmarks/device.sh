@@ -20,7 +20,7 @@
 #                                                            # profile_decode, decode_step_trace,
 #                                                            # xa_estimate_timing, compare_routers)
 #   OUT=$OUT bash benchmarks/device.sh real-train            # routers for the real model: $CONFIG
-#                                                            # (default configs/qwen2.5_coder_code.yaml); RESUME=1
+#                                                            # (default configs/qwen2.5_coder_code_slow_multipliers.yaml); RESUME=1
 #                                                            # continues $RUN from its latest checkpoint (a run
 #                                                            # longer than one call, on the same warm machine)
 #   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k      # the real model's table at these lengths, $SAMPLES per cell
@@ -125,7 +125,7 @@ case ${1:-} in
     echo "decode-graphs rc $? at $(( $(date +%s) - start )) s (kernel options ${options:-default})"
     grep -v Warning "$OUT/decode_graphs.log" | tail -20 | cut -c1-600 ;;
   real-train)
-    timeout ${TRAIN_LIMIT:-530} $cli train ${CONFIG:-configs/qwen2.5_coder_code.yaml} model="$MODEL" output_dir="$RUN" \
+    timeout ${TRAIN_LIMIT:-530} $cli train ${CONFIG:-configs/qwen2.5_coder_code_slow_multipliers.yaml} model="$MODEL" output_dir="$RUN" \
       --no-progress ${RESUME:+--resume} > "$OUT/train.log" 2>&1
     echo "train rc $? at $(( $(date +%s) - start )) s"
     copy_run "$RUN" "$OUT"

@@ -80,8 +80,12 @@ def test_find_definition_answer_is_the_default_in_the_only_definition(tokenizer)
     rows = code_suite.generate("find_definition", 4096, 0, 6, tokenizer)
     rows += code_suite.generate("recent_definition", 4096, 0, 6, tokenizer)
     for row in rows:
-        function = re.search(r"the function `(\w+)` is defined", row.question).group(1)
-        parameter = re.search(r"its parameter `(\w+)`", row.question).group(1)
+        function = re.search(r"the function `(\w+)`", row.question).group(1)
+        parameter = re.search(r"parameter `(\w+)`", row.question).group(1)
+        quoted = re.search(r"is defined as `([^`]*)\.\.\.`", row.question)
+        assert (quoted is None) == (row.task == "find_definition")  # asked plainly; the recent one quotes the line
+        if quoted:
+            assert quoted.group(1).endswith("=") and row.answer not in quoted.group(1)
         definitions = [m.start() for m in re.finditer(rf"\bdef {function}\(", row.context)]
         assert len(definitions) == 1
         signature = row.context[definitions[0] : row.context.index(":\n", definitions[0])]
@@ -89,11 +93,14 @@ def test_find_definition_answer_is_the_default_in_the_only_definition(tokenizer)
         assert int(row.answer) != row.metadata["original_default"]
 
 
-def test_multivalue_keys_are_the_projects_comments(tokenizer):
+def test_multivalue_keys_are_the_asked_constants(tokenizer):
     for row in code_suite.generate("multivalue", 6000, 0, 6, tokenizer):
-        project = re.search(r"secret keys of the (\w+) project", row.question).group(1)
-        keys = re.findall(rf"^# A secret key of the {project} project is (\d{{6}})\.$", row.context, flags=re.M)
-        assert sorted(keys) == sorted(row.metadata["keys"]) and len(set(keys)) == 2
+        asked = re.findall(r"`(\w+_SECRET_KEY_\d)`", row.question)
+        assert len(asked) == 2
+        keys = [re.findall(rf"^{name} = (\d{{6}})$", row.context, flags=re.M) for name in asked]
+        assert all(len(found) == 1 for found in keys)  # each constant assigned exactly once
+        keys = [found[0] for found in keys]
+        assert keys == row.metadata["keys"] and len(set(keys)) == 2
         assert row.answer == ", ".join(row.metadata["keys"])
         assert all(0.05 <= depth <= 0.8 for depth in row.metadata["depths"])
 

@@ -15,6 +15,8 @@ from elastic_attention.cli import parse_length
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation.head_ranking import retrieval_scores, static_routing
 from elastic_attention.evaluation.pipeline import evaluate_model, load_backbone, rank_heads, resolve_tasks
+from elastic_attention.evaluation.runner import suite_rows
+from elastic_attention.evaluation.suites import suite_of
 from elastic_attention.evaluation.synthetic import ROBUST_TASKS, SENSITIVE_TASKS, TASKS, generate
 
 
@@ -34,6 +36,10 @@ def test_full_attention_retrieves_and_the_window_hides_far_needles(backbone):
     assert accuracy[("full", "local_recall")] >= 0.75 and accuracy[("sparse", "local_recall")] >= 0.75
     msr = {(r.mode, r.task): r.msr for r in results}
     assert msr[("full", "needle_single")] == 0.0 and msr[("sparse", "local_recall")] == 1.0
+    rows = suite_rows(tokenizer, ["needle_single", "local_recall"], [1024], 8)
+    for r in results:  # each cell keeps its rows' answers, and its accuracy is theirs re-scored
+        rescored = [suite_of(r.task).score(p, row).accuracy for p, row in zip(r.predictions, rows[(r.task, 1024)])]
+        assert len(r.predictions) == 8 and r.accuracy == pytest.approx(sum(rescored) / 8)
 
 
 @pytest.fixture(scope="module")

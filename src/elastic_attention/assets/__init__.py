@@ -6,5 +6,5 @@ from pathlib import Path
 TINY_BACKBONE = Path(__file__).parent / "backbone_tiny"
 #: lm-eval tasks over the synthetic suite for the tiny backbone (`elastic_attention.harness`).
 LM_EVAL_TASKS = Path(__file__).parent / "lm_eval_tasks"
-#: Routers for Qwen2.5-Coder-0.5B-Instruct trained on the code suite (configs/qwen2.5_coder_code.yaml).
+#: Routers for Qwen2.5-Coder-0.5B-Instruct trained on the code suite (configs/qwen2.5_coder_code_slow_multipliers.yaml).
 QWEN_CODER_ROUTER = Path(__file__).parent / "routers" / "qwen2.5-coder-0.5b-instruct"

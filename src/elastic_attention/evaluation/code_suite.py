@@ -19,10 +19,10 @@ Tasks:
   - ``find_definition``: a real function of the snapshot with an integer default parameter; the function and the
     parameter renamed (``seek`` -> ``seek_amber``, ``whence`` -> ``whence_amber``) and the default replaced by a
     random three-digit number, so the answer must be read from the context, not recalled from pretraining. The
-    question quotes the default's line up to the literal (``def seek_amber(self, pos, whence_amber=...``) and asks
-    the value. The function's name is defined nowhere else in the context.
-  - ``multivalue``: two comments ``# A secret key of the amber project is 482913.`` at independent depths; both keys
-    are asked (RULER's multi-value needle).
+    question names the function and the parameter and asks the default. The function's name is defined nowhere
+    else in the context.
+  - ``multivalue``: two module constants ``AMBER_SECRET_KEY_1 = 482913`` and ``AMBER_SECRET_KEY_2 = ...`` at
+    independent depths; both values are asked (RULER's multi-value needle, in code).
 
 - Robust (the evidence sits in the last 700 tokens of the context):
 
@@ -31,12 +31,18 @@ Tasks:
     LCC style, scored by edit similarity, exact match reported beside it).
   - ``recent_fact``: a comment ``# Note: the build number of this module is 58213.`` 150-600 tokens before the
     end of the context; the answer is the number.
-  - ``recent_definition``: ``find_definition`` with the function 50-250 tokens before the end of the context.
+  - ``recent_definition``: ``find_definition`` with the function 50-250 tokens before the end of the context; its
+    question quotes the default's line up to the literal (``def seek_amber(self, pos, whence_amber=...``).
 
 Replaced after the first measurements on Qwen2.5-Coder-0.5B-Instruct (full attention could not do them, so they
 could not tell sparse from full): RULER-style variable tracking (two chains of two hops: 0.20 / 0.12 at 8K / 16K;
 a two-hop "project X uses the key of project Y" link: 0.38 at 4K) and a few-shot renaming rule at the end of the
-context (0.00 at 8K-32K in three phrasings).
+context (0.00 at 8K-32K in three phrasings). Rephrased after the H200 probes of 2026-12-02 (full attention, 50 rows
+at 8K / 16K): ``find_definition`` quoting the ``def`` line 0.66 / 0.30, asked plainly 0.76 / 0.50, asked which number
+follows the quoted line 0.22 / 0.00; ``multivalue`` as two comments 0.62 / 0.22, as numbered constants 0.88 / 0.40,
+as ``AMBER_SECRET_KEYS.append(...)`` calls 0.10 / 0.00; ``multikey`` as comments 0.84 / 0.66, as constants
+``AMBER_SECRET_KEY = ...`` 0.54 / 0.32 (kept as comments). A few-shot pattern at the end (``assert
+tag_amber("parser") == "PARSER-182"``, four examples) scored 0.26 / 0.18: the model mostly repeated an example.
 
 Determinism: sample ``i`` is drawn from ``SampleRandom(sample_seed(task, length, seed, i))`` and the snapshot; the
 tokenizer only decides where contexts are cut. Each row's ``metadata["evidence_spans"]`` gives the character spans
@@ -80,7 +86,7 @@ INSTRUCTIONS: dict[str, str] = {
     "you will be asked for the key of one project.",
     "find_definition": "Read the Python source code below. You will be asked about the default value of a "
     "parameter of one function defined in it.",
-    "multivalue": "Read the Python source code below. Comments in it state the secret keys of a project; "
+    "multivalue": "Read the Python source code below. It assigns the secret keys of a project to constants; "
     "you will be asked for all of them.",
     "next_line": "Complete the Python source code below.",
     "recent_fact": "Read the Python source code below. A note near its end states a build number; "
@@ -313,12 +319,15 @@ def find_definition(length: int, seed: int, tokenizer, *, depth: float | None = 
     The function's file is left out of the filler and redrawn when the filler defines the same name elsewhere.
     """
     rng = SampleRandom(seed)
-    return _definition_row("find_definition", length, seed, tokenizer, rng, depth=_depth(rng, depth))
+    return _definition_row("find_definition", length, seed, tokenizer, rng, depth=_depth(rng, depth),
+                           quote_line=False)
 
 
 def _definition_row(task: str, length: int, seed: int, tokenizer, rng: SampleRandom, *, depth: float | None = None,
-                    from_end: int | None = None) -> Row:
-    """A definition row of ``task`` with the function at ``depth`` or ``from_end`` tokens before the context's end."""
+                    from_end: int | None = None, quote_line: bool = True) -> Row:
+    """A definition row of ``task`` with the function at ``depth`` or ``from_end`` tokens before the context's end;
+    with ``quote_line`` the question quotes the default's line up to the literal, else it names the function and
+    the parameter only."""
     definitions = integer_defaults()
     files = stdlib_files()
     for _ in range(32):
@@ -351,8 +360,12 @@ def _definition_row(task: str, length: int, seed: int, tokenizer, rng: SampleRan
     head = default_line[: literal.end()].strip()
     if not head.startswith("def "):  # "def seek_amber(self, pos, whence_amber="
         head = f"def {name}(... {head}"
-    question = (f"In the code above, the function `{name}` is defined as `{head}...`. What is the default "
-                f"value of its parameter `{parameter}`? Answer with the value only.")
+    if quote_line:
+        question = (f"In the code above, the function `{name}` is defined as `{head}...`. What is the default "
+                    f"value of its parameter `{parameter}`? Answer with the value only.")
+    else:
+        question = (f"What is the default value of the parameter `{parameter}` of the function `{name}` defined in "
+                    f"the code above? Answer with the value only.")
     extra = {"function": name, "parameter": parameter, "file": source.path, "original_name": definition.name,
              "original_default": definition.default}
     return _build(task, tokenizer, length, seed, rng, question, str(value), inserts=inserts,
@@ -360,18 +373,20 @@ def _definition_row(task: str, length: int, seed: int, tokenizer, rng: SampleRan
 
 
 def multivalue(length: int, seed: int, tokenizer, *, num_values: int = 2) -> Row:
-    """``num_values`` (2-4) secret keys of one project in comments at independent depths; all of them are asked."""
+    """``num_values`` (2-4) secret keys of one project as numbered module constants (``AMBER_SECRET_KEY_1 = ...``)
+    at independent depths; all of them are asked."""
     if not 2 <= num_values <= 4:
         raise InputError(f"`num_values` must be in [2, 4], got {num_values}")
     rng = SampleRandom(seed)
-    project = rng.choice(_PROJECTS)
+    project = rng.choice(_PROJECTS).upper()
     keys = _distinct_numbers(rng, num_values, 6)
-    inserts = [_Insert([f"# A secret key of the {project} project is {key}.\n"], True,
-                       depth=_depth(rng, None)) for key in keys]
-    question = (f"Which numbers does the code above give as secret keys of the {project} project? "
+    names = [f"{project}_SECRET_KEY_{index}" for index in range(1, num_values + 1)]
+    inserts = [_Insert([f"{name} = {key}\n"], True, depth=_depth(rng, None)) for name, key in zip(names, keys)]
+    listed = ", ".join(f"`{name}`" for name in names[:-1]) + f" and `{names[-1]}`"
+    question = (f"What are the values of {listed} in the code above? "
                 f"Answer with the {num_values} numbers only, separated by commas.")
     return _build("multivalue", tokenizer, length, seed, rng, question, ", ".join(keys), inserts=inserts,
-                  stream=_any_file(rng), max_new_tokens=8 * num_values, extra={"project": project, "keys": keys})
+                  stream=_any_file(rng), max_new_tokens=16 * num_values, extra={"project": project, "keys": keys})
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
@@ -86,6 +86,7 @@ class CellResult:
         esr_mean: mean effective sparsity over the routed layers.
         seconds: wall-clock time of the cell.
         head_full_share: [routed layers][Hkv] share of the rows that routed each KV head to full attention.
+        predictions: the decoded answer of each row, in row order (for reading the misses).
     """
 
     mode: str
@@ -100,6 +101,7 @@ class CellResult:
     esr_mean: float
     seconds: float
     head_full_share: list[list[float]]
+    predictions: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -219,6 +221,7 @@ def run_evaluation(
                         esr_mean=_mean(cell["esr_mean"]),
                         seconds=time.perf_counter() - started,
                         head_full_share=torch.stack(cell["decisions"]).float().mean(0).tolist(),
+                        predictions=cell["prediction"],
                     )
                     results.append(result)
                     if on_cell is not None:
