@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                                   add_help=False)
     harness.add_argument("arguments", nargs=argparse.REMAINDER, help="lm_eval's own arguments")
 
+    merge = commands.add_parser("eval-merge", help="one table from the eval.json files of several eval calls")
+    merge.add_argument("files", nargs="+", help="eval.json files (one model and elastic configuration; no cell twice)")
+    merge.add_argument("--out", required=True, help="folder for the merged eval.json, eval.md and accuracy_vs_msr.png")
+
     models = commands.add_parser("models", help="pretrained models fetched as an install step: list | fetch NAME")
     models.add_argument("action", choices=["list", "fetch"])
     models.add_argument("name", nargs="?", help="the model to fetch (see `models list`)")
@@ -125,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Carry out a parsed command."""
-    for module in ("yaml", "matplotlib") if args.command in ("train", "pretrain", "eval", "demo") else ():
+    for module in ("yaml", "matplotlib") if args.command in ("train", "pretrain", "eval", "eval-merge", "demo") else ():
         if importlib.util.find_spec(module) is None:
             raise InputError(f"`elastic-attention {args.command}` needs {module}: pip install 'elastic-attention[train]'")
     if args.command == "bench":
@@ -167,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
                 dtype=args.dtype,
             )
         )
+    elif args.command == "eval-merge":
+        from elastic_attention.evaluation.merge import run_merge_command
+
+        print(run_merge_command(args.files, args.out))
     elif args.command == "try":
         from elastic_attention.evaluation.pipeline import resolve_tasks
         from elastic_attention.evaluation.showcase import run_try_command

@@ -355,12 +355,12 @@ def _definition_row(task: str, length: int, seed: int, tokenizer, rng: SampleRan
     else:
         raise InputError(f"no {task} row without a duplicate definition for seed {seed}")
     inserts = [_Insert(["\n", *lines, "\n"], True, depth=depth, from_end=from_end)]
-    default_line = lines[row_of_default]
-    literal = re.search(rf"\b{re.escape(parameter)}\b[^=]*=\s*(?={value}\b)", default_line)
-    head = default_line[: literal.end()].strip()
-    if not head.startswith("def "):  # "def seek_amber(self, pos, whence_amber="
-        head = f"def {name}(... {head}"
     if quote_line:
+        default_line = lines[row_of_default]
+        literal = re.search(rf"\b{re.escape(parameter)}\b[^=]*=\s*(?={value}\b)", default_line)
+        head = default_line[: literal.end()].strip()
+        if not head.startswith("def "):  # "def seek_amber(self, pos, whence_amber="
+            head = f"def {name}(... {head}"
         question = (f"In the code above, the function `{name}` is defined as `{head}...`. What is the default "
                     f"value of its parameter `{parameter}`? Answer with the value only.")
     else:

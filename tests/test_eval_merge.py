@@ -1,0 +1,75 @@
+"""`elastic-attention eval-merge`: eval.json files of separate calls become one table, and files that do not belong
+together are refused with the reason."""
+
+import json
+
+import pytest
+
+from elastic_attention.cli import main as cli_main
+from elastic_attention.errors import InputError
+from elastic_attention.evaluation.merge import merge_eval_documents
+
+CONFIG = {"configuration": "fa-ssa", "sink_tokens": 128, "local_tokens": 1024}
+
+
+def _row(mode, task, length, accuracy, msr, **extra):
+    return {"mode": mode, "task": task, "kind": "sensitive" if task == "passkey" else "robust", "length": length,
+            "samples": 2, "accuracy": accuracy, "exact_match": accuracy, "msr": msr, "esr_last": msr,
+            "esr_mean": msr, "seconds": 1.0, "head_full_share": [[1.0 - msr]], **extra}
+
+
+def _document(router, rows, model="m", config=CONFIG, **extra):
+    return {"command": "eval ...", "date": "2026-12-02T00:00:00+00:00", "device": "NVIDIA H200", "model": model,
+            "router": router, "elastic_config": config, "results": rows, **extra}
+
+
+def test_cells_of_separate_calls_become_one_table(tmp_path, capsys):
+    short = _document("r", [_row("full", "passkey", 8192, 1.0, 0.0), _row("elastic", "passkey", 8192, 0.5, 0.6),
+                            _row("full", "recent_fact", 8192, 1.0, 0.0)])
+    long = _document("r", [_row("elastic", "passkey", 32768, 0.25, 0.7, predictions=["1", "2"]),
+                           _row("full", "passkey", 32768, 0.75, 0.0)], static={"static": {"msr": 0.7}})
+    static = _document("another router", [_row("static", "passkey", 8192, 0.0, 0.7)])  # no elastic cells: allowed
+    paths = []
+    for name, document in (("short", short), ("long", long), ("static", static)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(document))
+    cli_main(["eval-merge", *map(str, paths), "--out", str(tmp_path / "merged")])
+    assert "merged 3 files" in capsys.readouterr().out
+    merged = json.loads((tmp_path / "merged" / "eval.json").read_text())
+    cells = [(r["mode"], r["task"], r["length"]) for r in merged["results"]]
+    assert cells == [("full", "passkey", 8192), ("full", "passkey", 32768), ("full", "recent_fact", 8192),
+                     ("elastic", "passkey", 8192), ("elastic", "passkey", 32768), ("static", "passkey", 8192)]
+    assert merged["results"][4]["predictions"] == ["1", "2"]  # rows are kept whole
+    assert merged["router"] == "r" and merged["model"] == "m" and merged["elastic_config"] == CONFIG
+    assert [source["file"] for source in merged["merged_from"]] == list(map(str, paths))
+    assert merged["merged_from"][1]["static"] == {"static": {"msr": 0.7}}
+    table = (tmp_path / "merged" / "eval.md").read_text()
+    assert "| passkey | sensitive | 32768 | 0.750 (0.00) | 0.250 (0.70) | - |" in table
+    assert (tmp_path / "merged" / "accuracy_vs_msr.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("documents, message", [
+    ([("a", _document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])),
+      ("b", _document("r", [_row("full", "passkey", 8192, 0.9, 0.0)]))], r"cell \('full', 'passkey', 8192\).*a and b"),
+    ([("a", _document("r1", [_row("elastic", "passkey", 8192, 1.0, 0.6)])),
+      ("b", _document("r2", [_row("elastic", "passkey", 16384, 1.0, 0.6)]))], "different routers"),
+    ([("a", _document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])),
+      ("b", _document("r", [_row("full", "passkey", 16384, 1.0, 0.0)], model="other"))], "different models"),
+    ([("a", _document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])),
+      ("b", _document("r", [_row("full", "passkey", 16384, 1.0, 0.0)], config={**CONFIG, "local_tokens": 2048}))],
+     "different elastic configurations"),
+    ([("a", {"accuracy": 1.0})], "a is not an eval.json"),
+    ([], "at least one"),
+])
+def test_files_that_do_not_belong_together_are_refused(documents, message):
+    with pytest.raises(InputError, match=message):
+        merge_eval_documents(documents)
+
+
+def test_missing_or_broken_files_name_the_file(tmp_path, capsys):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert cli_main(["eval-merge", str(tmp_path / "absent.json"), "--out", str(tmp_path)]) == 2
+    assert "eval-merge: error: no eval.json at" in capsys.readouterr().err
+    assert cli_main(["eval-merge", str(broken), "--out", str(tmp_path)]) == 2
+    assert "broken.json is not JSON" in capsys.readouterr().err
