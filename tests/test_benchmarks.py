@@ -100,3 +100,16 @@ def test_cpu_prefill_benchmark_smoke_run(tmp_path):
     # backend, which computes in float32 while the run is bf16 (a bf16 step is 0.0625 at logits of 8-16).
     assert rows["full"]["max_logit_difference"] == 0.0 and rows["sparse"]["max_logit_difference"] <= 4 * 0.0625
     assert result["length"] == 640 and result["command"]
+
+
+@pytest.mark.slow
+def test_cpu_prefill_benchmark_in_float32(tmp_path):
+    from elastic_attention.assets import TINY_BACKBONE
+
+    result = run_bench("cpu-prefill", tmp_path, "--model", str(TINY_BACKBONE), "--length", "700", "--sink", "128",
+                       "--local", "256", "--repeats", "1", "--threads", "1", "--modes", "plain,full,sparse",
+                       "--dtype", "float32")
+    rows = {row["mode"]: row for row in result["results"]}
+    assert result["dtype"] == "float32" and list(rows) == ["plain", "full", "sparse"]
+    # In float32 the cpu path's all-SSA logits match the reference backend's to float32 rounding.
+    assert rows["full"]["max_logit_difference"] <= 1e-4 and rows["sparse"]["max_logit_difference"] <= 1e-3

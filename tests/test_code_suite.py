@@ -140,6 +140,8 @@ def test_scoring_against_hand_computed_cases():
     assert code_suite.score("105577, 482913", keys).exact
     assert not code_suite.score("482913", keys).exact
     assert not code_suite.score("482913, 105577, 777777", keys).exact
+    assert code_suite.score("AMBER_SECRET_KEY_1 = 482913, AMBER_SECRET_KEY_2 = 105577", keys).exact
+    assert not code_suite.score("AMBER_SECRET_KEY_1 = 482913", keys).exact
 
 
 def test_evidence_positions_cover_the_needle_tokens(tokenizer):

@@ -18,9 +18,9 @@ def _row(mode, task, length, accuracy, msr, **extra):
             "esr_mean": msr, "seconds": 1.0, "head_full_share": [[1.0 - msr]], **extra}
 
 
-def _document(router, rows, model="m", config=CONFIG, **extra):
+def _document(router, rows, model="m", config=CONFIG, seed=0, **extra):
     return {"command": "eval ...", "date": "2026-12-02T00:00:00+00:00", "device": "NVIDIA H200", "model": model,
-            "router": router, "elastic_config": config, "results": rows, **extra}
+            "router": router, "seed": seed, "elastic_config": config, "results": rows, **extra}
 
 
 def test_cells_of_separate_calls_become_one_table(tmp_path, capsys):
@@ -31,10 +31,13 @@ def test_cells_of_separate_calls_become_one_table(tmp_path, capsys):
     static = _document("another router", [_row("static", "passkey", 8192, 0.0, 0.7)])  # no elastic cells: allowed
     paths = []
     for name, document in (("short", short), ("long", long), ("static", static)):
-        paths.append(tmp_path / f"{name}.json")
+        paths.append(tmp_path / name / "eval.json")
+        paths[-1].parent.mkdir()
         paths[-1].write_text(json.dumps(document))
-    cli_main(["eval-merge", *map(str, paths), "--out", str(tmp_path / "merged")])
-    assert "merged 3 files" in capsys.readouterr().out
+    # files or the folders `eval --out` wrote
+    assert cli_main(["eval-merge", str(paths[0]), str(paths[1].parent), str(paths[2]), "--out",
+                     str(tmp_path / "merged")]) == 0
+    assert "(from 3 files)" in capsys.readouterr().out
     merged = json.loads((tmp_path / "merged" / "eval.json").read_text())
     cells = [(r["mode"], r["task"], r["length"]) for r in merged["results"]]
     assert cells == [("full", "passkey", 8192), ("full", "passkey", 32768), ("full", "recent_fact", 8192),
@@ -42,7 +45,7 @@ def test_cells_of_separate_calls_become_one_table(tmp_path, capsys):
     assert merged["results"][4]["predictions"] == ["1", "2"]  # rows are kept whole
     assert merged["router"] == "r" and merged["model"] == "m" and merged["elastic_config"] == CONFIG
     assert [source["file"] for source in merged["merged_from"]] == list(map(str, paths))
-    assert merged["merged_from"][1]["static"] == {"static": {"msr": 0.7}}
+    assert merged["merged_from"][1]["static"] == {"static": {"msr": 0.7}} and merged["seed"] == 0
     table = (tmp_path / "merged" / "eval.md").read_text()
     assert "| passkey | sensitive | 32768 | 0.750 (0.00) | 0.250 (0.70) | - |" in table
     assert (tmp_path / "merged" / "accuracy_vs_msr.png").stat().st_size > 0
@@ -52,9 +55,16 @@ def test_cells_of_separate_calls_become_one_table(tmp_path, capsys):
     ([("a", _document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])),
       ("b", _document("r", [_row("full", "passkey", 8192, 0.9, 0.0)]))], r"cell \('full', 'passkey', 8192\).*a and b"),
     ([("a", _document("r1", [_row("elastic", "passkey", 8192, 1.0, 0.6)])),
-      ("b", _document("r2", [_row("elastic", "passkey", 16384, 1.0, 0.6)]))], "different routers"),
+      ("b", _document("r2", [_row("elastic", "passkey", 16384, 1.0, 0.6)]))], "elastic cells of different routers"),
     ([("a", _document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])),
-      ("b", _document("r", [_row("full", "passkey", 16384, 1.0, 0.0)], model="other"))], "different models"),
+      ("b", _document("r", [_row("full", "passkey", 16384, 1.0, 0.0)], model="other"))], "evaluate different models"),
+    ([("a", _document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])),
+      ("b", _document("r", [_row("sparse", "passkey", 8192, 0.0, 1.0)], seed=1))], "different seeds"),
+    ([("a", _document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])),
+      ("b", _document("r", [{**_row("sparse", "passkey", 8192, 0.0, 1.0), "samples": 3}]))],
+     "passkey at 8192 tokens has 2 rows in a but 3 in b"),
+    ([("a", _document("r", [{key: value for key, value in _row("full", "passkey", 8192, 1.0, 0.0).items()
+                             if key not in ("kind", "exact_match")}]))], "row 0 of a lacks kind, exact_match"),
     ([("a", _document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])),
       ("b", _document("r", [_row("full", "passkey", 16384, 1.0, 0.0)], config={**CONFIG, "local_tokens": 2048}))],
      "different elastic configurations"),
@@ -66,10 +76,13 @@ def test_files_that_do_not_belong_together_are_refused(documents, message):
         merge_eval_documents(documents)
 
 
-def test_missing_or_broken_files_name_the_file(tmp_path, capsys):
+def test_missing_broken_or_overwritten_files_are_named(tmp_path, capsys):
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     assert cli_main(["eval-merge", str(tmp_path / "absent.json"), "--out", str(tmp_path)]) == 2
     assert "eval-merge: error: no eval.json at" in capsys.readouterr().err
     assert cli_main(["eval-merge", str(broken), "--out", str(tmp_path)]) == 2
-    assert "broken.json is not JSON" in capsys.readouterr().err
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "eval.json").write_text(json.dumps(_document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])))
+    assert cli_main(["eval-merge", str(tmp_path / "eval.json"), "--out", str(tmp_path)]) == 2
+    assert "would overwrite the input" in capsys.readouterr().err

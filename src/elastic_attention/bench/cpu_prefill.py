@@ -35,10 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="float32 on CPUs without bf16 instructions (no AVX-512 BF16 / AMX), where bf16 is slow")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model = _model(args.model, args.length)
+    model = _model(args.model, args.length, getattr(torch, args.dtype))
     vocabulary = model.config.vocab_size
     ids = torch.randint(vocabulary // 10, vocabulary, (1, args.length), generator=torch.Generator().manual_seed(0))
     config = ElasticConfig(block_size=128, sink_tokens=args.sink, local_tokens=args.local)
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         results.append({"mode": mode, "seconds": seconds, "max_logit_difference": error})
         print(f"{mode:>15}: {seconds:.3f} s (logits within {error:.2e} of the check)", flush=True)
     result = {**run_header(torch.device("cpu")), "threads": args.threads,
-              "length": args.length, "model": args.model or "random Qwen2.5-0.5B shape", "dtype": "bfloat16",
+              "length": args.length, "model": args.model or "random Qwen2.5-0.5B shape", "dtype": args.dtype,
               "sink_tokens": args.sink, "local_tokens": args.local, "results": results}
     if args.out is not None:
         write_result(args.out, result)
@@ -82,16 +84,16 @@ def _forced(model, config: ElasticConfig, backend: str, routing: str, prefill) -
         detach(model)
 
 
-def _model(folder: str | None, length: int):
+def _model(folder: str | None, length: int, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     if folder is not None:
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=max(32768, length),
                          rope_theta=1e6, use_sliding_window=False, tie_word_embeddings=False)
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
 if __name__ == "__main__":

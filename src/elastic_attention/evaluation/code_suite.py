@@ -314,7 +314,7 @@ def multikey(length: int, seed: int, tokenizer, *, num_keys: int = 4) -> Row:
 
 def find_definition(length: int, seed: int, tokenizer, *, depth: float | None = None) -> Row:
     """A real function with its integer default replaced by a random number, at ``depth`` (drawn from
-    `SENSITIVE_DEPTHS` when None); the default is asked, the definition's line quoted up to the literal.
+    `SENSITIVE_DEPTHS` when None); the default is asked by the function's and the parameter's names.
 
     The function's file is left out of the filler and redrawn when the filler defines the same name elsewhere.
     """
@@ -477,14 +477,16 @@ def score(prediction: str, row: Row) -> Score:
 
     - ``next_line``: accuracy is the edit similarity of the prediction's first code line to the answer line
       (both stripped); exact when equal.
-    - ``multivalue``: exact when the integers in the prediction are the project's keys, each once, in any order.
+    - ``multivalue``: exact when the whole numbers in the prediction are the project's keys, each once, in any
+      order (digits inside a name such as ``AMBER_SECRET_KEY_1`` do not count).
     - the other (number) tasks: exact when the first integer in the prediction equals the answer.
     """
     if row.task == "next_line":
         line = first_answer_line(prediction)
         return Score(edit_similarity(line, row.answer), line == row.answer)
     if row.task == "multivalue":
-        exact = sorted(re.findall(r"\d+", prediction)) == sorted(row.metadata["keys"])
+        # Whole numbers only: the digits of a constant's name (`AMBER_SECRET_KEY_1 = ...`) are not answers.
+        exact = sorted(re.findall(r"\b\d+\b", prediction)) == sorted(row.metadata["keys"])
     else:
         exact = first_integer(prediction) == row.answer
     return Score(float(exact), exact)

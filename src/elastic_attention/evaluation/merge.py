@@ -1,27 +1,27 @@
 """`elastic-attention eval-merge`: one table from the eval.json files of several `elastic-attention eval` calls.
 
 An evaluation is often split over calls (one per length, the static modes apart, another machine): this module
-checks that the files belong together (one model, one elastic configuration, the elastic cells from one router, no
-cell measured twice) and writes their cells as one eval.json, eval.md and accuracy_vs_msr.png, keeping each file's
-command, date and device under ``merged_from``.
+checks that the files belong together (one model, one elastic configuration, one seed, the elastic cells from one
+router, the same number of rows for every cell of a (task, length), no cell measured twice) and writes their cells
+as one eval.json, eval.md and accuracy_vs_msr.png, keeping each file's header (command, date, device, static head
+sets, ...) under ``merged_from``. It cannot tell whether a task's generator changed between the calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation.reporting import format_markdown, format_table, plot_accuracy_vs_msr
+from elastic_attention.evaluation.reporting import cell_results, command_and_date, write_table_and_plot
 from elastic_attention.evaluation.runner import CellResult
 from elastic_attention.io import atomic_write_text
 
-#: What each source file contributes to ``merged_from`` besides its path (when present).
-_SOURCE_KEYS = ("command", "date", "device", "router", "static", "note")
+#: The fields every row needs (`CellResult`'s fields without a default).
+_REQUIRED = tuple(field.name for field in dataclasses.fields(CellResult)
+                  if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING)
 
 
 def merge_eval_documents(documents: Sequence[tuple[str, dict]]) -> dict:
@@ -30,80 +30,89 @@ def merge_eval_documents(documents: Sequence[tuple[str, dict]]) -> dict:
     Result rows are kept as they are (extra fields included), ordered by mode, task and length as first seen.
 
     Raises:
-        InputError: a document without results, documents of different models or elastic configurations, elastic
-            cells from different routers, or a (mode, task, length) cell in more than one document.
+        InputError: no documents; a document without results or with a row that lacks a field; documents of
+            different models, elastic configurations or seeds; elastic cells from different routers; cells of one
+            (task, length) with different numbers of rows; a (mode, task, length) cell in more than one document.
     """
     if not documents:
         raise InputError("eval-merge needs at least one eval.json file")
     for name, document in documents:
-        if not isinstance(document, dict) or not isinstance(document.get("results"), list):
-            raise InputError(f"{name} is not an eval.json of `elastic-attention eval` (no `results` list)")
-    models = {document.get("model") for _, document in documents}
-    if len(models) > 1:
-        raise InputError(f"the files evaluate different models ({_by_file(documents, 'model')}); merge one model's")
-    configs = {json.dumps(document.get("elastic_config"), sort_keys=True) for _, document in documents}
-    if len(configs) > 1:
-        raise InputError(f"the files use different elastic configurations ({_by_file(documents, 'elastic_config')})")
-    elastic = [(name, document) for name, document in documents
-               if any(row.get("mode") == "elastic" for row in document["results"])]
-    routers = {document.get("router") for _, document in elastic}
-    if len(routers) > 1:
-        raise InputError(f"the elastic cells come from different routers ({_by_file(elastic, 'router')}); "
-                         "merge one router's")
+        _check_rows(name, document)
+    _same(documents, "model", "evaluate different models", "merge one model's files")
+    _same(documents, "elastic_config", "use different elastic configurations", "merge one configuration's files")
+    _same([(name, d) for name, d in documents if "seed" in d], "seed", "were drawn with different seeds",
+          "merge the files of one --seed")
+    elastic = [(name, d) for name, d in documents if any(row["mode"] == "elastic" for row in d["results"])]
+    _same(elastic, "router", "have elastic cells of different routers", "merge one router's files")
     seen: dict[tuple, str] = {}
+    samples: dict[tuple, tuple[int, str]] = {}
     rows: list[dict] = []
     for name, document in documents:
         for row in document["results"]:
-            cell = (row.get("mode"), row.get("task"), row.get("length"))
+            cell = (row["mode"], row["task"], row["length"])
             if cell in seen:
                 raise InputError(f"cell {cell} (mode, task, length) is in both {seen[cell]} and {name}; "
                                  "leave one file out or remove the cell from one")
+            count, first = samples.setdefault((row["task"], row["length"]), (row["samples"], name))
+            if count != row["samples"]:
+                raise InputError(f"{row['task']} at {row['length']} tokens has {count} rows in {first} but "
+                                 f"{row['samples']} in {name}: merge cells measured on the same rows")
             seen[cell] = name
             rows.append(row)
     modes, tasks = _first_seen(rows, "mode"), _first_seen(rows, "task")
     rows.sort(key=lambda row: (modes[row["mode"]], tasks[row["task"]], row["length"]))
-    devices = list(dict.fromkeys(str(document.get("device")) for _, document in documents))
+    first = documents[0][1]
     return {
-        "command": " ".join(sys.argv),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": " + ".join(devices),
-        "model": models.pop(),
-        "router": routers.pop() if routers else None,
-        "elastic_config": documents[0][1].get("elastic_config"),
-        "merged_from": [{"file": name, **{key: document[key] for key in _SOURCE_KEYS if key in document}}
+        **command_and_date(),
+        "device": " + ".join(dict.fromkeys(str(document.get("device")) for _, document in documents)),
+        "model": first.get("model"),
+        "router": elastic[0][1].get("router") if elastic else None,
+        "seed": next((document["seed"] for _, document in documents if "seed" in document), None),
+        "elastic_config": first.get("elastic_config"),
+        "merged_from": [{"file": name, **{key: value for key, value in document.items() if key != "results"}}
                         for name, document in documents],
         "results": rows,
     }
 
 
-def cell_results(rows: Sequence[dict]) -> list[CellResult]:
-    """The `CellResult` of each eval.json row (fields `CellResult` does not know are left out)."""
-    known = {field.name for field in dataclasses.fields(CellResult)}
-    return [CellResult(**{key: value for key, value in row.items() if key in known}) for row in rows]
-
-
 def run_merge_command(paths: Sequence[str], out: str) -> str:
-    """Everything `elastic-attention eval-merge` does; returns the printed table."""
+    """Everything `elastic-attention eval-merge` does; returns the printed table.
+
+    ``paths`` are eval.json files or the folders `elastic-attention eval --out` wrote them to.
+    """
+    out_file = (Path(out) / "eval.json").resolve()
     documents = []
     for path in paths:
+        file = Path(path) / "eval.json" if Path(path).is_dir() else Path(path)
+        if file.resolve() == out_file:
+            raise InputError(f"--out {out} would overwrite the input {file}: write the merged table elsewhere")
         try:
-            documents.append((str(path), json.loads(Path(path).read_text(encoding="utf-8"))))
+            documents.append((str(file), json.loads(file.read_text(encoding="utf-8"))))
         except FileNotFoundError:
-            raise InputError(f"no eval.json at {path}: pass the files `elastic-attention eval --out DIR` wrote") from None
-        except json.JSONDecodeError as error:
-            raise InputError(f"{path} is not JSON ({error}): pass eval.json files") from None
+            raise InputError(f"no eval.json at {path}: pass the files (or folders) `elastic-attention eval` "
+                             "wrote") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise InputError(f"cannot read {file} as JSON ({error}): pass eval.json files") from None
     merged = merge_eval_documents(documents)
-    out_dir = Path(out)
-    results = cell_results(merged["results"])
-    atomic_write_text(out_dir / "eval.json", json.dumps(merged, indent=2))
-    atomic_write_text(out_dir / "eval.md", format_markdown(results) + "\n")
-    plot_accuracy_vs_msr(results, out_dir / "accuracy_vs_msr.png")
-    written = ", ".join(str(out_dir / name) for name in ("eval.json", "eval.md", "accuracy_vs_msr.png"))
-    return format_table(results) + f"\n\nmerged {len(paths)} files; wrote {written}"
+    atomic_write_text(out_file, json.dumps(merged, indent=2))
+    return write_table_and_plot(cell_results(merged["results"]), out_file.parent) + f" (from {len(paths)} files)"
 
 
-def _by_file(documents: Sequence[tuple[str, dict]], key: str) -> str:
-    return "; ".join(f"{name}: {document.get(key)!r}" for name, document in documents)
+def _check_rows(name: str, document) -> None:
+    if not isinstance(document, dict) or not isinstance(document.get("results"), list):
+        raise InputError(f"{name} is not an eval.json of `elastic-attention eval` (no `results` list)")
+    for index, row in enumerate(document["results"]):
+        missing = [key for key in _REQUIRED if not isinstance(row, dict) or key not in row]
+        if missing:
+            raise InputError(f"row {index} of {name} lacks {', '.join(missing)}: an eval.json of an older version "
+                             "of `elastic-attention eval`? Evaluate again, or add the fields to its rows")
+
+
+def _same(documents: Sequence[tuple[str, dict]], key: str, problem: str, fix: str) -> None:
+    values = {json.dumps(document.get(key), sort_keys=True) for _, document in documents}
+    if len(values) > 1:
+        listed = "; ".join(f"{name}: {document.get(key)!r}" for name, document in documents)
+        raise InputError(f"the files {problem} ({listed}); {fix}")
 
 
 def _first_seen(rows: Sequence[dict], key: str) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -15,7 +14,7 @@ from elastic_attention.adapters import load_router
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import InputError
 from elastic_attention.evaluation.head_ranking import retrieval_scores, static_routing
-from elastic_attention.evaluation.reporting import format_markdown, format_table, plot_accuracy_vs_msr, write_json
+from elastic_attention.evaluation.reporting import command_and_date, write_json, write_table_and_plot
 from elastic_attention.evaluation.runner import (
     CellResult,
     check_modes,
@@ -26,7 +25,6 @@ from elastic_attention.evaluation.runner import (
 )
 from elastic_attention.evaluation.suites import get_suite, suite_of
 from elastic_attention.integration import attach, runtime_of
-from elastic_attention.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -170,11 +168,11 @@ def run_eval_command(
     model, tokenizer = load_backbone(model_dir, device, dtype)
     out_dir = Path(out)
     header = {
-        "command": " ".join(sys.argv),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **command_and_date(),
         "device": _device_name(next(model.parameters()).device),
         "model": str(model_dir),
         "router": router,
+        "seed": seed,
     }
 
     def save(results: list[CellResult], context: dict) -> None:
@@ -184,10 +182,7 @@ def run_eval_command(
         model, tokenizer, router=router, modes=modes, tasks=tasks, lengths=lengths, samples=samples,
         static_msr=static_msr, seed=seed, batch_size=batch_size, on_cell=save,
     )
-    plot_accuracy_vs_msr(results, out_dir / "accuracy_vs_msr.png")
-    atomic_write_text(out_dir / "eval.md", format_markdown(results) + "\n")
-    written = ", ".join(str(out_dir / name) for name in ("eval.json", "eval.md", "accuracy_vs_msr.png"))
-    return format_table(results) + f"\n\nwrote {written}"
+    return write_table_and_plot(results, out_dir)
 
 
 def _progress(total: int, enabled: bool):

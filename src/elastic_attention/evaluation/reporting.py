@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -56,6 +59,28 @@ def write_json(results: Sequence[CellResult], path: str | Path, **context) -> No
     """Results plus the context that produced them (command, date, model, ...) as JSON, written atomically."""
     document = {**context, "results": [r.to_dict() for r in results]}
     atomic_write_text(path, json.dumps(document, indent=2))
+
+
+def command_and_date() -> dict:
+    """The ``command`` (this process's argv) and UTC ``date`` every eval.json header starts with."""
+    return {"command": " ".join(sys.argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def cell_results(rows: Sequence[dict]) -> list[CellResult]:
+    """The `CellResult` of each row of an eval.json (fields `CellResult` does not know are left out)."""
+    known = {field.name for field in dataclasses.fields(CellResult)}
+    return [CellResult(**{key: value for key, value in row.items() if key in known}) for row in rows]
+
+
+def write_table_and_plot(results: Sequence[CellResult], out_dir: str | Path) -> str:
+    """eval.md and accuracy_vs_msr.png of ``results`` in ``out_dir`` (beside its eval.json); returns the printed
+    table and the list of files written."""
+    out_dir = Path(out_dir)
+    atomic_write_text(out_dir / "eval.md", format_markdown(results) + "\n")
+    plot_accuracy_vs_msr(results, out_dir / "accuracy_vs_msr.png")
+    written = ", ".join(str(out_dir / name) for name in ("eval.json", "eval.md", "accuracy_vs_msr.png"))
+    return format_table(results) + f"\n\nwrote {written}"
 
 
 def plot_accuracy_vs_msr(results: Sequence[CellResult], path: str | Path) -> None:
