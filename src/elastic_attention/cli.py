@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     harness.add_argument("arguments", nargs=argparse.REMAINDER, help="lm_eval's own arguments")
 
     merge = commands.add_parser("eval-merge", help="one table from the eval.json files of several eval calls")
-    merge.add_argument("files", nargs="+", help="eval.json files (one model and elastic configuration; no cell twice)")
+    merge.add_argument("files", nargs="+", help="eval.json files, or the folders `eval --out` wrote them to")
     merge.add_argument("--out", required=True, help="folder for the merged eval.json, eval.md and accuracy_vs_msr.png")
 
     models = commands.add_parser("models", help="pretrained models fetched as an install step: list | fetch NAME")
