@@ -4,7 +4,8 @@ An evaluation is often split over calls (one per length, the static modes apart,
 checks that the files belong together (one model, one elastic configuration, one seed, the elastic cells from one
 router, the same number of rows for every cell of a (task, length), no cell measured twice) and writes their cells
 as one eval.json, eval.md and accuracy_vs_msr.png, keeping each file's header (command, date, device, static head
-sets, ...) under ``merged_from``. It cannot tell whether a task's generator changed between the calls.
+sets, ...) under ``merged_from``. It cannot tell whether a task's generator changed between the calls, and files
+written before eval.json recorded its seed are not checked for one.
 """
 
 from __future__ import annotations
