@@ -25,6 +25,11 @@
 #                                                            # longer than one call, on the same warm machine)
 #   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k      # the real model's table at these lengths, $SAMPLES per cell
 #   ROUTER=path MODES=full,elastic BATCH=8 OUT=$OUT bash benchmarks/device.sh real-eval 32k   # another router, fewer modes
+#   OUT=$OUT bash benchmarks/device.sh real-table            # the whole table, longer than a call: starts one background
+#                                                            # eval per group of $LENGTH_GROUPS (default "8k,16k 32k",
+#                                                            # side by side on the GPU), then waits like real-table-wait
+#   OUT=$OUT bash benchmarks/device.sh real-table-wait       # waits for them (up to $LIMIT s), copies what they wrote
+#                                                            # to $OUT; call it back to back until it says "finished"
 #
 #   OUT=$OUT bash benchmarks/device.sh decode-graphs         # the fused decode kernel's options on this GPU
 #                                                            # (decode_kernel_sweep.json), then bench decode-graphs
@@ -46,6 +51,22 @@ ROUTER=${ROUTER:-$RUN/router}
 SAMPLES=${SAMPLES:-50}
 cli="python3 -m elastic_attention.cli"
 start=$(date +%s)
+real_table_wait() {  # wait for real-table's evals (up to $LIMIT s), copy their folders and logs to $OUT
+  local running=1
+  while [ $(( $(date +%s) - start )) -lt "$LIMIT" ]; do
+    running=0
+    for pid in $(cat /tmp/real-table/pids); do kill -0 "$pid" 2>/dev/null && running=1; done
+    [ "$running" = 0 ] && break
+    sleep 5
+  done
+  for log in /tmp/real-table/eval_*.log; do
+    name=$(basename "$log" .log)
+    mkdir -p "$OUT/$name" && cp "$log" /tmp/real-table/"$name"/eval.json "$OUT/$name/" 2>/dev/null
+    echo "== $name"; tr '\r' '\n' < "$log" | grep -v '^$' | tail -4
+  done
+  if [ "$running" = 0 ]; then echo "real-table finished at $(( $(date +%s) - start )) s"
+  else echo "real-table still running at $(( $(date +%s) - start )) s: call real-table-wait again"; fi
+}
 copy_run() {  # a run folder's summary, metrics, plot and router adapter (or model): copy_run RUN DEST [router|model]
   local part=${3:-router}
   mkdir -p "$2/$part"
@@ -138,7 +159,22 @@ case ${1:-} in
       --batch-size ${BATCH:-16} --out "$OUT/$name" > "$OUT/$name.log" 2>&1
     echo "eval rc $? at $(( $(date +%s) - start )) s"
     tr '\r' '\n' < "$OUT/$name.log" | tail -30 ;;
+  real-table)
+    rm -rf /tmp/real-table && mkdir -p /tmp/real-table
+    cp -r src /tmp/real-table/src && cp -r "$ROUTER" /tmp/real-table/router  # a later call replaces the tree
+    for lengths in ${LENGTH_GROUPS:-8k,16k 32k}; do
+      name=eval_${lengths//,/_}
+      # setsid: the process outlives this call (the machine stays while calls follow back to back)
+      PYTHONPATH=/tmp/real-table/src setsid nohup python3 -m elastic_attention.cli eval --model "$MODEL" \
+        --router /tmp/real-table/router --suite code --tasks ${TASKS:-all} \
+        --modes ${MODES:-full,elastic,sparse,static,static@0.7} --lengths "$lengths" --samples "$SAMPLES" \
+        --batch-size ${BATCH:-25} --out "/tmp/real-table/$name" > "/tmp/real-table/$name.log" 2>&1 < /dev/null &
+      echo $! >> /tmp/real-table/pids
+    done
+    real_table_wait ;;
+  real-table-wait)
+    real_table_wait ;;
   *)
     echo "unknown stage '${1:-}': tests, layer, bench, train, torchrun, pretrain, eval, script, flex-sweep,"\
-      "real-train or real-eval"; exit 2 ;;
+      "real-train, real-eval, real-table or real-table-wait"; exit 2 ;;
 esac

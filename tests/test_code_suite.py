@@ -125,6 +125,20 @@ def test_robust_evidence_is_near_the_end(tokenizer):
         assert _tokens_after(tokenizer, row, len(row.instruction) + 1 + start) < 900
 
 
+def test_pattern_answer_follows_the_rule_of_the_examples_near_the_end(tokenizer):
+    for row in code_suite.generate("pattern", 6000, 0, 6, tokenizer):
+        function, argument = re.search(r'`(tag_\w+)\("(\w+)"\)`', row.question).groups()
+        examples = re.findall(rf'^assert {function}\("(\w+)"\) == "(\w+)/(\w+)/(\d{{3}})"$', row.context, flags=re.M)
+        assert len(examples) == 4 and argument not in [word for word, *_ in examples]
+        assert all(word == middle for word, _, middle, _ in examples)  # the argument sits between prefix and number
+        rules = {(prefix, number) for _, prefix, _, number in examples}
+        assert len(rules) == 1  # one rule per row, so the answer follows from the examples
+        prefix, number = rules.pop()
+        assert row.answer == f"{prefix}/{argument}/{number}"
+        start = row.context.index(f"assert {function}(")
+        assert _tokens_after(tokenizer, row, len(row.instruction) + 1 + start) < 900
+
+
 def test_scoring_against_hand_computed_cases():
     assert edit_similarity("kitten", "sitting") == pytest.approx(1 - 3 / 7)
     assert edit_similarity("", "") == 1.0 and edit_similarity("abc", "") == 0.0
@@ -142,6 +156,15 @@ def test_scoring_against_hand_computed_cases():
     assert not code_suite.score("482913, 105577, 777777", keys).exact
     assert code_suite.score("AMBER_SECRET_KEY_1 = 482913, AMBER_SECRET_KEY_2 = 105577", keys).exact
     assert not code_suite.score("AMBER_SECRET_KEY_1 = 482913", keys).exact
+    tag = Row("", "q", "ember/record/482", "pattern", "i", {})
+    assert code_suite.score('"ember/record/482"', tag).exact
+    assert code_suite.score('assert tag_amber("record") == "ember/record/482"', tag).exact
+    assert code_suite.score("```\nember/record/482\n```", tag).exact
+    assert not code_suite.score("ember/record/4821", tag).exact
+    assert not code_suite.score("xember/record/482", tag).exact
+    assert not code_suite.score("ember/record/482/1", tag).exact
+    assert not code_suite.score("amber/record/482", tag).exact
+    assert not code_suite.score("\nsee below\nember/record/482", tag).exact  # the first answer line only
 
 
 def test_evidence_positions_cover_the_needle_tokens(tokenizer):
@@ -155,7 +178,7 @@ def test_evidence_positions_cover_the_needle_tokens(tokenizer):
 
 def test_suites_resolve_their_own_tasks_and_refuse_others():
     code = get_suite("code")
-    assert code.resolve(["robust"]) == ["next_line", "recent_fact", "recent_definition"]
+    assert code.resolve(["robust"]) == ["next_line", "recent_fact", "recent_definition", "pattern"]
     assert code.kind("passkey") == "sensitive" and suite_of("next_line") is code
     assert suite_of("needle_single").name == "synthetic"
     with pytest.raises(InputError, match="unknown code suite tasks"):
@@ -173,3 +196,5 @@ def test_generate_refuses_bad_arguments(tokenizer):
         code_suite.generate("needle", 2048, 0, 1, tokenizer)
     with pytest.raises(InputError, match="num_keys"):
         code_suite.generate("multikey", 2048, 0, 1, tokenizer, num_keys=1)
+    with pytest.raises(InputError, match="num_examples"):
+        code_suite.generate("pattern", 2048, 0, 1, tokenizer, num_examples=9)

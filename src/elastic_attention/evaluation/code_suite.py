@@ -33,6 +33,9 @@ Tasks:
     end of the context; the answer is the number.
   - ``recent_definition``: ``find_definition`` with the function 50-250 tokens before the end of the context; its
     question quotes the default's line up to the literal (``def seek_amber(self, pos, whence_amber=...``).
+  - ``pattern``: a few-shot rule: four assertions ``assert tag_marble("packet") == "amber/packet/397"`` (one
+    random project and number per row around the argument) 50-300 tokens before the end of the context; what the
+    function returns for a fifth argument is asked.
 
 Replaced after the first measurements on Qwen2.5-Coder-0.5B-Instruct (full attention could not do them, so they
 could not tell sparse from full): RULER-style variable tracking (two chains of two hops: 0.20 / 0.12 at 8K / 16K;
@@ -42,7 +45,8 @@ at 8K / 16K): ``find_definition`` quoting the ``def`` line 0.66 / 0.30, asked pl
 follows the quoted line 0.22 / 0.00; ``multivalue`` as two comments 0.62 / 0.22, as numbered constants 0.88 / 0.40,
 as ``AMBER_SECRET_KEYS.append(...)`` calls 0.10 / 0.00; ``multikey`` as comments 0.84 / 0.66, as constants
 ``AMBER_SECRET_KEY = ...`` 0.54 / 0.32 (kept as comments). A few-shot pattern at the end (``assert
-tag_amber("parser") == "PARSER-182"``, four examples) scored 0.26 / 0.18: the model mostly repeated an example.
+tag_amber("parser") == "PARSER-182"``, four examples) scored 0.26 / 0.18: the model mostly repeated an example;
+``pattern``, whose rule copies the argument into a template, replaced it (2026-12-03).
 
 Determinism: sample ``i`` is drawn from ``SampleRandom(sample_seed(task, length, seed, i))`` and the snapshot; the
 tokenizer only decides where contexts are cut. Each row's ``metadata["evidence_spans"]`` gives the character spans
@@ -93,10 +97,14 @@ INSTRUCTIONS: dict[str, str] = {
     "you will be asked for it.",
     "recent_definition": "Read the Python source code below. You will be asked about the default value of a "
     "parameter of a function defined near its end.",
+    "pattern": "Read the Python source code below. Near its end, a few assertions show what a function returns; "
+    "you will be asked what it returns for a new argument.",
 }
 
 _PROJECTS = ("amber", "birch", "cobalt", "delta", "ember", "falcon", "garnet", "harbor", "indigo", "juniper",
              "kestrel", "lumen", "marble", "nectar", "onyx", "pepper", "quartz", "raven", "saffron", "tundra")
+_PATTERN_WORDS = ("thread", "parser", "buffer", "signal", "record", "cursor", "header", "stream", "folder", "module",
+                  "string", "format", "window", "filter", "socket", "packet", "widget", "ticket", "sample", "vector")
 
 
 @dataclass
@@ -348,9 +356,9 @@ def _definition_row(task: str, length: int, seed: int, tokenizer, rng: SampleRan
         lines[0] = lines[0].replace(f"def {definition.name}(", f"def {name}(", 1)
         lines = [re.sub(rf"\b{re.escape(definition.parameter)}\b", parameter, line) for line in lines]
         stream = _any_file(rng, frozenset({definition.file_index}))
-        pattern = re.compile(rf"\bdef {re.escape(name)}\(")
+        defined = re.compile(rf"\bdef {re.escape(name)}\(")
         probe = "".join(line for line, _ in _take(stream(), line_tokens(tokenizer), length))
-        if not pattern.search(probe):
+        if not defined.search(probe):
             break
     else:
         raise InputError(f"no {task} row without a duplicate definition for seed {seed}")
@@ -431,6 +439,26 @@ def recent_definition(length: int, seed: int, tokenizer) -> Row:
     return _definition_row("recent_definition", length, seed, tokenizer, rng, from_end=rng.integer(50, 250))
 
 
+def pattern(length: int, seed: int, tokenizer, *, num_examples: int = 4) -> Row:
+    """A few-shot rule: ``num_examples`` (2-8) assertions ``assert tag_amber("thread") == "ember/thread/482"``
+    50-300 tokens before the end of the context, one rule per row (a random project and three-digit number around
+    the argument); the result for a new argument is asked."""
+    if not 2 <= num_examples <= 8:
+        raise InputError(f"`num_examples` must be in [2, 8], got {num_examples}")
+    rng = SampleRandom(seed)
+    name = f"tag_{rng.choice(_PROJECTS)}"
+    prefix, number = rng.choice(_PROJECTS), _number(rng, 3)
+    words = rng.sample(_PATTERN_WORDS, num_examples + 1)
+    lines = [f"# Examples of {name}, the naming rule of this module:\n"]
+    lines += [f'assert {name}("{word}") == "{prefix}/{word}/{number}"\n' for word in words[:-1]]
+    inserts = [_Insert(["\n", *lines, "\n"], True, from_end=rng.integer(50, 300))]
+    question = (f'Following the assertions near the end of the code above, what does `{name}("{words[-1]}")` '
+                f"return? Answer with the returned string only.")
+    answer = f"{prefix}/{words[-1]}/{number}"
+    return _build("pattern", tokenizer, length, seed, rng, question, answer, inserts=inserts, stream=_any_file(rng),
+                  max_new_tokens=24, extra={"function": name, "examples": words[:-1], "argument": words[-1]})
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Registry, generation, scoring
 # ----------------------------------------------------------------------------------------------------------------
@@ -443,9 +471,10 @@ TASKS: dict[str, Callable[..., Row]] = {
     "next_line": next_line,
     "recent_fact": recent_fact,
     "recent_definition": recent_definition,
+    "pattern": pattern,
 }
 SENSITIVE_TASKS: tuple[str, ...] = ("passkey", "multikey", "find_definition", "multivalue")
-ROBUST_TASKS: tuple[str, ...] = ("next_line", "recent_fact", "recent_definition")
+ROBUST_TASKS: tuple[str, ...] = ("next_line", "recent_fact", "recent_definition", "pattern")
 
 
 def generate(task: str, length: int, seed: int, n: int, tokenizer=None, **options: Any) -> list[Row]:
@@ -479,6 +508,8 @@ def score(prediction: str, row: Row) -> Score:
       (both stripped); exact when equal.
     - ``multivalue``: exact when the whole numbers in the prediction are the project's keys, each once, in any
       order (digits inside a name such as ``AMBER_SECRET_KEY_1`` do not count).
+    - ``pattern``: exact when the first answer line holds the answer string, not as part of a longer word
+      (quotes, backticks or the whole ``assert`` line around it are fine).
     - the other (number) tasks: exact when the first integer in the prediction equals the answer.
     """
     if row.task == "next_line":
@@ -487,6 +518,8 @@ def score(prediction: str, row: Row) -> Score:
     if row.task == "multivalue":
         # Whole numbers only: the digits of a constant's name (`AMBER_SECRET_KEY_1 = ...`) are not answers.
         exact = sorted(re.findall(r"\b\d+\b", prediction)) == sorted(row.metadata["keys"])
+    elif row.task == "pattern":
+        exact = re.search(rf"(?<![\w/]){re.escape(row.answer)}(?![\w/])", first_answer_line(prediction)) is not None
     else:
         exact = first_integer(prediction) == row.answer
     return Score(float(exact), exact)
