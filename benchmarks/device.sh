@@ -26,8 +26,9 @@
 #   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k      # the real model's table at these lengths, $SAMPLES per cell
 #   ROUTER=path MODES=full,elastic BATCH=8 OUT=$OUT bash benchmarks/device.sh real-eval 32k   # another router, fewer modes
 #   OUT=$OUT bash benchmarks/device.sh real-table            # the whole table, longer than a call: starts one background
-#                                                            # eval per group of $LENGTH_GROUPS (default "8k,16k 32k",
-#                                                            # side by side on the GPU), then waits like real-table-wait
+#                                                            # eval per group of cells in $GROUPS_OF_CELLS, each
+#                                                            # LENGTHS[/MODES[/TASKS]] (default "8k,16k 32k"; side by
+#                                                            # side on the GPU), then waits like real-table-wait
 #   OUT=$OUT bash benchmarks/device.sh real-table-wait       # waits for them (up to $LIMIT s), copies what they wrote
 #                                                            # to $OUT; call it back to back until it says "finished"
 #
@@ -59,10 +60,10 @@ real_table_wait() {  # wait for real-table's evals (up to $LIMIT s), copy their 
     [ "$running" = 0 ] && break
     sleep 5
   done
-  for log in /tmp/real-table/eval_*.log; do
+  for log in /tmp/real-table/eval_*.log; do  # one file per group and one log: at most 8 files come back
     name=$(basename "$log" .log)
-    mkdir -p "$OUT/$name" && cp "$log" /tmp/real-table/"$name"/eval.json "$OUT/$name/" 2>/dev/null
-    echo "== $name"; tr '\r' '\n' < "$log" | grep -v '^$' | tail -4
+    mkdir -p "$OUT/$name" && cp /tmp/real-table/"$name"/eval.json "$OUT/$name/" 2>/dev/null
+    { echo "== $name"; tr '\r' '\n' < "$log" | grep -v '^$' | tail -4; } | tee -a "$OUT/real_table.log"
   done
   if [ "$running" = 0 ]; then echo "real-table finished at $(( $(date +%s) - start )) s"
   else echo "real-table still running at $(( $(date +%s) - start )) s: call real-table-wait again"; fi
@@ -162,13 +163,15 @@ case ${1:-} in
   real-table)
     rm -rf /tmp/real-table && mkdir -p /tmp/real-table
     cp -r src /tmp/real-table/src && cp -r "$ROUTER" /tmp/real-table/router  # a later call replaces the tree
-    for lengths in ${LENGTH_GROUPS:-8k,16k 32k}; do
-      name=eval_${lengths//,/_}
+    for group in ${GROUPS_OF_CELLS:-8k,16k 32k}; do  # LENGTHS[/MODES[/TASKS]]
+      IFS=/ read -r lengths modes tasks <<< "$group"
+      modes=${modes:-${MODES:-full,elastic,sparse,static,static@0.7}}
+      name=eval_${lengths//,/_}_${modes//[,@.]/_}
       # setsid: the process outlives this call (the machine stays while calls follow back to back)
       PYTHONPATH=/tmp/real-table/src setsid nohup python3 -m elastic_attention.cli eval --model "$MODEL" \
-        --router /tmp/real-table/router --suite code --tasks ${TASKS:-all} \
-        --modes ${MODES:-full,elastic,sparse,static,static@0.7} --lengths "$lengths" --samples "$SAMPLES" \
-        --batch-size ${BATCH:-25} --out "/tmp/real-table/$name" > "/tmp/real-table/$name.log" 2>&1 < /dev/null &
+        --router /tmp/real-table/router --suite code --tasks "${tasks:-${TASKS:-all}}" --modes "$modes" \
+        --lengths "$lengths" --samples "$SAMPLES" --batch-size ${BATCH:-25} --out "/tmp/real-table/$name" \
+        > "/tmp/real-table/$name.log" 2>&1 < /dev/null &
       echo $! >> /tmp/real-table/pids
     done
     real_table_wait ;;
