@@ -34,7 +34,7 @@ Tasks:
   - ``recent_definition``: ``find_definition`` with the function 50-250 tokens before the end of the context; its
     question quotes the default's line up to the literal (``def seek_amber(self, pos, whence_amber=...``).
   - ``pattern``: a few-shot rule: four assertions ``assert tag_marble("packet") == "amber/packet/397"`` (one
-    random project and number per row around the argument) 50-300 tokens before the end of the context; what the
+    random project and number per row around the argument) 30-200 tokens before the end of the context; what the
     function returns for a fifth argument is asked.
 
 Replaced after the first measurements on Qwen2.5-Coder-0.5B-Instruct (full attention could not do them, so they
@@ -97,8 +97,8 @@ INSTRUCTIONS: dict[str, str] = {
     "you will be asked for it.",
     "recent_definition": "Read the Python source code below. You will be asked about the default value of a "
     "parameter of a function defined near its end.",
-    "pattern": "Read the Python source code below. Near its end, a few assertions show what a function returns; "
-    "you will be asked what it returns for a new argument.",
+    "pattern": "Read the Python source code below. Near its end, assertions show what a function returns for a few "
+    "arguments; you will be asked what it returns for another argument, by the same rule.",
 }
 
 _PROJECTS = ("amber", "birch", "cobalt", "delta", "ember", "falcon", "garnet", "harbor", "indigo", "juniper",
@@ -441,7 +441,7 @@ def recent_definition(length: int, seed: int, tokenizer) -> Row:
 
 def pattern(length: int, seed: int, tokenizer, *, num_examples: int = 4) -> Row:
     """A few-shot rule: ``num_examples`` (2-8) assertions ``assert tag_amber("thread") == "ember/thread/482"``
-    50-300 tokens before the end of the context, one rule per row (a random project and three-digit number around
+    30-200 tokens before the end of the context, one rule per row (a random project and three-digit number around
     the argument); the result for a new argument is asked."""
     if not 2 <= num_examples <= 8:
         raise InputError(f"`num_examples` must be in [2, 8], got {num_examples}")
@@ -451,9 +451,9 @@ def pattern(length: int, seed: int, tokenizer, *, num_examples: int = 4) -> Row:
     words = rng.sample(_PATTERN_WORDS, num_examples + 1)
     lines = [f"# Examples of {name}, the naming rule of this module:\n"]
     lines += [f'assert {name}("{word}") == "{prefix}/{word}/{number}"\n' for word in words[:-1]]
-    inserts = [_Insert(["\n", *lines, "\n"], True, from_end=rng.integer(50, 300))]
-    question = (f'Following the assertions near the end of the code above, what does `{name}("{words[-1]}")` '
-                f"return? Answer with the returned string only.")
+    inserts = [_Insert(["\n", *lines, "\n"], True, from_end=rng.integer(30, 200))]
+    question = (f"The assertions near the end of the code above show what `{name}` returns. By the same rule, what "
+                f'does `{name}("{words[-1]}")` return? Answer with the returned string only.')
     answer = f"{prefix}/{words[-1]}/{number}"
     return _build("pattern", tokenizer, length, seed, rng, question, answer, inserts=inserts, stream=_any_file(rng),
                   max_new_tokens=24, extra={"function": name, "examples": words[:-1], "argument": words[-1]})
