@@ -54,6 +54,7 @@ cli="python3 -m elastic_attention.cli"
 start=$(date +%s)
 real_table_wait() {  # wait for real-table's evals (up to $LIMIT s), copy their folders and logs to $OUT
   local running=1
+  [ -f /tmp/real-table/pids ] || { echo "no real-table run on this machine: start one with the real-table stage"; exit 2; }
   while [ $(( $(date +%s) - start )) -lt "$LIMIT" ]; do
     running=0
     for pid in $(cat /tmp/real-table/pids); do kill -0 "$pid" 2>/dev/null && running=1; done
@@ -162,6 +163,8 @@ case ${1:-} in
     tr '\r' '\n' < "$OUT/$name.log" | tail -30 ;;
   real-table)
     rm -rf /tmp/real-table && mkdir -p /tmp/real-table
+    [ -f "$ROUTER/router.safetensors" ] || { echo "no router adapter at $ROUTER: set ROUTER (the shipped one:"\
+      "src/elastic_attention/assets/routers/qwen2.5-coder-0.5b-instruct)"; exit 2; }
     cp -r src /tmp/real-table/src && cp -r "$ROUTER" /tmp/real-table/router  # a later call replaces the tree
     for group in ${GROUPS_OF_CELLS:-8k,16k 32k}; do  # LENGTHS[/MODES[/TASKS]]
       IFS=/ read -r lengths modes tasks <<< "$group"
