@@ -47,16 +47,20 @@ def bars(results: list[dict], lengths: list[int]) -> list[str]:
     kinds = {r["task"]: r.get("kind") for r in results}
     pairs = [(task, length) for task in kinds for length in lengths
              if ("full", task, length) in cells and ("elastic", task, length) in cells]
+    def accuracy(mode: str, task: str, length: int) -> float:
+        return cells[(mode, task, length)]["accuracy"]
+
     lines = []
     for kind, share in (("sensitive", 0.97), ("robust", 0.99)):
-        kept = {(task, length): cells[("elastic", task, length)]["accuracy"] / cells[("full", task, length)]["accuracy"]
-                for task, length in pairs if kinds[task] == kind and cells[("full", task, length)]["accuracy"] > 0}
-        worst = min(kept.items(), key=lambda item: item[1]) if kept else None
-        missed = sorted(f"{task}@{length // 1024}K {value:.0%}" for (task, length), value in kept.items()
-                        if value < share)
-        lines.append(f"elastic keeps >= {share:.0%} of full on every {kind} task: "
-                     f"{'met' if not missed else 'missed'} (worst {worst[0][0]}@{worst[0][1] // 1024}K "
-                     f"{worst[1]:.0%}; below: {', '.join(missed) or 'none'})" if worst else f"{kind}: no cells")
+        kept = {f"{task}@{length // 1024}K": accuracy("elastic", task, length) / accuracy("full", task, length)
+                for task, length in pairs if kinds[task] == kind and accuracy("full", task, length) > 0}
+        if not kept:
+            lines.append(f"elastic keeps >= {share:.0%} of full on every {kind} task: no cells")
+            continue
+        worst = min(kept, key=kept.get)
+        below = sorted(f"{cell} {value:.0%}" for cell, value in kept.items() if value < share)
+        lines.append(f"elastic keeps >= {share:.0%} of full on every {kind} task: {'missed' if below else 'met'} "
+                     f"(worst {worst} {kept[worst]:.0%}; below: {', '.join(below) or 'none'})")
     msr = {kind: [cells[("elastic", task, length)]["msr"] for task, length in pairs if kinds[task] == kind]
            for kind in ("sensitive", "robust")}
     if msr["sensitive"] and msr["robust"]:
@@ -72,8 +76,8 @@ def bars(results: list[dict], lengths: list[int]) -> list[str]:
         static = cells.get(("static", task, length))
         if kinds[task] != "sensitive" or static is None:
             continue
-        full = cells[("full", task, length)]["accuracy"]
-        elastic_loss, static_loss = full - cells[("elastic", task, length)]["accuracy"], full - static["accuracy"]
+        full = accuracy("full", task, length)
+        elastic_loss, static_loss = full - accuracy("elastic", task, length), full - static["accuracy"]
         if static_loss >= 0.05 and elastic_loss < 0.05:
             losses.append(f"{task}@{length // 1024}K (static -{static_loss:.2f}, elastic -{max(elastic_loss, 0):.2f})")
     lines.append("static at elastic's MSR loses >= 5 points on a sensitive task where elastic does not: "
