@@ -17,9 +17,6 @@ import argparse
 import json
 from pathlib import Path
 
-MODES = ("full", "elastic", "static", "static@0.7", "sparse")
-
-
 def table(results: list[dict]) -> str:
     """One markdown row per (task, length): accuracy of every mode, MSRs in brackets, elastic's share of full."""
     cells = {(r["mode"], r["task"], r["length"]): r for r in results}
@@ -47,6 +44,7 @@ def bars(results: list[dict], lengths: list[int]) -> list[str]:
     kinds = {r["task"]: r.get("kind") for r in results}
     pairs = [(task, length) for task in kinds for length in lengths
              if ("full", task, length) in cells and ("elastic", task, length) in cells]
+
     def accuracy(mode: str, task: str, length: int) -> float:
         return cells[(mode, task, length)]["accuracy"]
 
