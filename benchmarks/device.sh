@@ -22,7 +22,11 @@
 #   OUT=$OUT bash benchmarks/device.sh real-train            # routers for the real model: $CONFIG
 #                                                            # (default configs/qwen2.5_coder_code_slow_multipliers.yaml); RESUME=1
 #                                                            # continues $RUN from its latest checkpoint (a run
-#                                                            # longer than one call, on the same warm machine)
+#                                                            # longer than one call, on the same warm machine);
+#                                                            # BACKGROUND=1 starts it in the background (it outlives
+#                                                            # the call) and waits like real-train-wait
+#   OUT=$OUT bash benchmarks/device.sh real-train-wait       # waits for it (up to $LIMIT s), copies its results to
+#                                                            # $OUT; call it back to back until it says "finished"
 #   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k      # the real model's table at these lengths, $SAMPLES per cell
 #   ROUTER=path MODES=full,elastic BATCH=8 OUT=$OUT bash benchmarks/device.sh real-eval 32k   # another router, fewer modes
 #   OUT=$OUT bash benchmarks/device.sh real-table            # the whole table, longer than a call: starts one background
@@ -52,22 +56,33 @@ ROUTER=${ROUTER:-$RUN/router}
 SAMPLES=${SAMPLES:-50}
 cli="python3 -m elastic_attention.cli"
 start=$(date +%s)
-real_table_wait() {  # wait for real-table's evals (up to $LIMIT s), copy their folders and logs to $OUT
-  local running=1
-  [ -f /tmp/real-table/pids ] || { echo "no real-table run on this machine: start one with the real-table stage"; exit 2; }
-  while [ $(( $(date +%s) - start )) -lt "$LIMIT" ]; do
-    running=0
-    for pid in $(cat /tmp/real-table/pids); do kill -0 "$pid" 2>/dev/null && running=1; done
-    [ "$running" = 0 ] && break
+wait_pids() {  # wait (up to $LIMIT s) for the processes listed in file $1; status 0 once all have ended
+  while :; do
+    local running=0
+    for pid in $(cat "$1"); do kill -0 "$pid" 2>/dev/null && running=1; done
+    [ "$running" = 0 ] && return 0
+    [ $(( $(date +%s) - start )) -ge "$LIMIT" ] && return 1
     sleep 5
   done
+}
+real_table_wait() {  # wait for real-table's evals (up to $LIMIT s), copy their folders and logs to $OUT
+  [ -f /tmp/real-table/pids ] || { echo "no real-table run on this machine: start one with the real-table stage"; exit 2; }
+  wait_pids /tmp/real-table/pids; local ended=$?
   for log in /tmp/real-table/eval_*.log; do  # one file per group and one log: at most 8 files come back
     name=$(basename "$log" .log)
     mkdir -p "$OUT/$name" && cp /tmp/real-table/"$name"/eval.json "$OUT/$name/" 2>/dev/null
     { echo "== $name"; tr '\r' '\n' < "$log" | grep -v '^$' | tail -4; } | tee -a "$OUT/real_table.log"
   done
-  if [ "$running" = 0 ]; then echo "real-table finished at $(( $(date +%s) - start )) s"
+  if [ "$ended" = 0 ]; then echo "real-table finished at $(( $(date +%s) - start )) s"
   else echo "real-table still running at $(( $(date +%s) - start )) s: call real-table-wait again"; fi
+}
+real_train_wait() {  # wait for a background real-train (up to $LIMIT s), copy its run folder's results to $OUT
+  [ -f /tmp/real-train/pids ] || { echo "no background real-train on this machine: start one with BACKGROUND=1"; exit 2; }
+  wait_pids /tmp/real-train/pids; local ended=$?
+  copy_run "$RUN" "$OUT"; cp /tmp/real-train/train.log "$OUT/"
+  tail -3 "$OUT/train.log"
+  if [ "$ended" = 0 ]; then echo "real-train finished at $(( $(date +%s) - start )) s"
+  else echo "real-train still running at $(( $(date +%s) - start )) s: call real-train-wait again"; fi
 }
 copy_run() {  # a run folder's summary, metrics, plot and router adapter (or model): copy_run RUN DEST [router|model]
   local part=${3:-router}
@@ -148,11 +163,22 @@ case ${1:-} in
     echo "decode-graphs rc $? at $(( $(date +%s) - start )) s (kernel options ${options:-default})"
     grep -v Warning "$OUT/decode_graphs.log" | tail -20 | cut -c1-600 ;;
   real-train)
-    timeout ${TRAIN_LIMIT:-530} $cli train ${CONFIG:-configs/qwen2.5_coder_code_slow_multipliers.yaml} model="$MODEL" output_dir="$RUN" \
-      --no-progress ${RESUME:+--resume} > "$OUT/train.log" 2>&1
-    echo "train rc $? at $(( $(date +%s) - start )) s"
-    copy_run "$RUN" "$OUT"
-    tail -3 "$OUT/train.log" ;;
+    config=${CONFIG:-configs/qwen2.5_coder_code_slow_multipliers.yaml}
+    if [ -n "${BACKGROUND:-}" ]; then  # setsid: the run outlives this call (the machine stays while calls follow)
+      rm -rf /tmp/real-train && mkdir -p /tmp/real-train && cp -r src configs /tmp/real-train/
+      PYTHONPATH=/tmp/real-train/src setsid nohup python3 -m elastic_attention.cli train "/tmp/real-train/$config" \
+        model="$MODEL" output_dir="$RUN" --no-progress ${RESUME:+--resume} > /tmp/real-train/train.log 2>&1 < /dev/null &
+      echo $! > /tmp/real-train/pids
+      real_train_wait
+    else
+      timeout ${TRAIN_LIMIT:-530} $cli train "$config" model="$MODEL" output_dir="$RUN" \
+        --no-progress ${RESUME:+--resume} > "$OUT/train.log" 2>&1
+      echo "train rc $? at $(( $(date +%s) - start )) s"
+      copy_run "$RUN" "$OUT"
+      tail -3 "$OUT/train.log"
+    fi ;;
+  real-train-wait)
+    real_train_wait ;;
   real-eval)
     lengths=${2:?give the lengths, e.g. 8k,16k}
     name=eval_${lengths//,/_}
@@ -182,5 +208,5 @@ case ${1:-} in
     real_table_wait ;;
   *)
     echo "unknown stage '${1:-}': tests, layer, bench, train, torchrun, pretrain, eval, script, flex-sweep,"\
-      "real-train, real-eval, real-table or real-table-wait"; exit 2 ;;
+      "real-train, real-train-wait, real-eval, real-table or real-table-wait"; exit 2 ;;
 esac
