@@ -86,3 +86,28 @@ def test_missing_broken_or_overwritten_files_are_named(tmp_path, capsys):
     (tmp_path / "eval.json").write_text(json.dumps(_document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])))
     assert cli_main(["eval-merge", str(tmp_path / "eval.json"), "--out", str(tmp_path)]) == 2
     assert "would overwrite the input" in capsys.readouterr().err
+
+
+def test_modes_keeps_only_those_cells_and_names_what_is_missing(tmp_path, capsys):
+    old = _document("old router", [_row("full", "passkey", 8192, 1.0, 0.0), _row("elastic", "passkey", 8192, 0.5, 0.6),
+                                   _row("sparse", "passkey", 8192, 0.0, 1.0)])
+    new = _document("new router", [_row("elastic", "passkey", 8192, 0.75, 0.5)])
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    # the old router's elastic cell is dropped, so the routers no longer clash
+    assert cli_main(["eval-merge", str(tmp_path / "old.json"), "--modes", "full,sparse",
+                     "--out", str(tmp_path / "kept")]) == 0
+    kept = json.loads((tmp_path / "kept" / "eval.json").read_text())
+    assert [(r["mode"], r["accuracy"]) for r in kept["results"]] == [("full", 1.0), ("sparse", 0.0)]
+    assert kept["router"] is None
+    assert cli_main(["eval-merge", str(tmp_path / "kept"), str(tmp_path / "new.json"),
+                     "--out", str(tmp_path / "both")]) == 0
+    both = json.loads((tmp_path / "both" / "eval.json").read_text())
+    assert [(r["mode"], r["accuracy"]) for r in both["results"]] == [("full", 1.0), ("sparse", 0.0), ("elastic", 0.75)]
+    assert both["router"] == "new router"
+    assert both["merged_from"][0]["merged_from"][0]["router"] == "old router"  # provenance stays nested
+    capsys.readouterr()
+    with pytest.raises(InputError, match="new.json has no cells of the modes full: leave it out"):
+        merge_eval_documents([("old.json", old), ("new.json", new)], ["full"])
+    with pytest.raises(InputError, match="no file has cells of the modes static: check the names.*elastic, full"):
+        merge_eval_documents([("old.json", old)], ["full", "static", "elastic"])

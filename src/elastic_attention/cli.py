@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge = commands.add_parser("eval-merge", help="one table from the eval.json files of several eval calls")
     merge.add_argument("files", nargs="+", help="eval.json files, or the folders `eval --out` wrote them to")
     merge.add_argument("--out", required=True, help="folder for the merged eval.json, eval.md and accuracy_vs_msr.png")
+    merge.add_argument("--modes", help="comma list: keep only these modes' cells (default: all), e.g. full,sparse")
 
     models = commands.add_parser("models", help="pretrained models fetched as an install step: list | fetch NAME")
     models.add_argument("action", choices=["list", "fetch"])
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.command == "eval-merge":
         from elastic_attention.evaluation.merge import run_merge_command
 
-        print(run_merge_command(args.files, args.out))
+        print(run_merge_command(args.files, args.out, _split(args.modes) if args.modes else None))
     elif args.command == "try":
         from elastic_attention.evaluation.pipeline import resolve_tasks
         from elastic_attention.evaluation.showcase import run_try_command

@@ -4,7 +4,8 @@ An evaluation is often split over calls (one per length, the static modes apart,
 checks that the files belong together (one model, one elastic configuration, one seed, the elastic cells from one
 router, the same number of rows for every cell of a (task, length), no cell measured twice) and writes their cells
 as one eval.json, eval.md and accuracy_vs_msr.png, keeping each file's header (command, date, device, static head
-sets, ...) under ``merged_from``. It cannot tell whether a task's generator changed between the calls, and files
+sets, ...) under ``merged_from``. ``--modes`` keeps only some modes' cells: the cells that do not depend on the
+router (full, sparse, static@MSR) of an older table can join a new router's elastic and static cells in two merges. It cannot tell whether a task's generator changed between the calls, and files
 written before eval.json recorded its seed are not checked for one.
 """
 
@@ -25,20 +26,24 @@ _REQUIRED = tuple(field.name for field in dataclasses.fields(CellResult)
                   if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING)
 
 
-def merge_eval_documents(documents: Sequence[tuple[str, dict]]) -> dict:
+def merge_eval_documents(documents: Sequence[tuple[str, dict]], modes: Sequence[str] | None = None) -> dict:
     """One eval document from ``(name, document)`` pairs of eval.json contents.
 
     Result rows are kept as they are (extra fields included), ordered by mode, task and length as first seen.
+    ``modes`` (None: all) keeps only the cells of those modes; the checks apply to the kept cells.
 
     Raises:
         InputError: no documents; a document without results or with a row that lacks a field; documents of
             different models, elastic configurations or seeds; elastic cells from different routers; cells of one
-            (task, length) with different numbers of rows; a (mode, task, length) cell in more than one document.
+            (task, length) with different numbers of rows; a (mode, task, length) cell in more than one document;
+            a document or a mode of ``modes`` without any kept cell.
     """
     if not documents:
         raise InputError("eval-merge needs at least one eval.json file")
     for name, document in documents:
         _check_rows(name, document)
+    if modes is not None:
+        documents = _keep_modes(documents, modes)
     _same(documents, "model", "evaluate different models", "merge one model's files")
     _same(documents, "elastic_config", "use different elastic configurations", "merge one configuration's files")
     _same([(name, d) for name, d in documents if "seed" in d], "seed", "were drawn with different seeds",
@@ -60,8 +65,8 @@ def merge_eval_documents(documents: Sequence[tuple[str, dict]]) -> dict:
                                  f"{row['samples']} in {name}: merge cells measured on the same rows")
             seen[cell] = name
             rows.append(row)
-    modes, tasks = _first_seen(rows, "mode"), _first_seen(rows, "task")
-    rows.sort(key=lambda row: (modes[row["mode"]], tasks[row["task"]], row["length"]))
+    mode_order, task_order = _first_seen(rows, "mode"), _first_seen(rows, "task")
+    rows.sort(key=lambda row: (mode_order[row["mode"]], task_order[row["task"]], row["length"]))
     first = documents[0][1]
     return {
         **command_and_date(),
@@ -76,10 +81,11 @@ def merge_eval_documents(documents: Sequence[tuple[str, dict]]) -> dict:
     }
 
 
-def run_merge_command(paths: Sequence[str], out: str) -> str:
+def run_merge_command(paths: Sequence[str], out: str, modes: Sequence[str] | None = None) -> str:
     """Everything `elastic-attention eval-merge` does; returns the printed table.
 
-    ``paths`` are eval.json files or the folders `elastic-attention eval --out` wrote them to.
+    ``paths`` are eval.json files or the folders `elastic-attention eval --out` wrote them to; ``modes`` (None: all)
+    the modes whose cells are kept.
     """
     out_file = (Path(out) / "eval.json").resolve()
     documents = []
@@ -94,7 +100,7 @@ def run_merge_command(paths: Sequence[str], out: str) -> str:
                              "wrote") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise InputError(f"cannot read {file} as JSON ({error}): pass eval.json files") from None
-    merged = merge_eval_documents(documents)
+    merged = merge_eval_documents(documents, modes)
     atomic_write_text(out_file, json.dumps(merged, indent=2))
     return write_table_and_plot(cell_results(merged["results"]), out_file.parent) + f" (from {len(paths)} files)"
 
@@ -107,6 +113,20 @@ def _check_rows(name: str, document) -> None:
         if missing:
             raise InputError(f"row {index} of {name} lacks {', '.join(missing)}: an eval.json of an older version "
                              "of `elastic-attention eval`? Evaluate again, or add the fields to its rows")
+
+
+def _keep_modes(documents: Sequence[tuple[str, dict]], modes: Sequence[str]) -> list[tuple[str, dict]]:
+    kept = [(name, {**document, "results": [row for row in document["results"] if row["mode"] in modes]})
+            for name, document in documents]
+    for name, document in kept:
+        if not document["results"]:
+            raise InputError(f"{name} has no cells of the modes {', '.join(modes)}: leave it out")
+    found = {row["mode"] for _, document in kept for row in document["results"]}
+    missing = [mode for mode in modes if mode not in found]
+    if missing:
+        raise InputError(f"no file has cells of the modes {', '.join(missing)}: check the names against the "
+                         f"files' modes ({', '.join(sorted(found))})")
+    return kept
 
 
 def _same(documents: Sequence[tuple[str, dict]], key: str, problem: str, fix: str) -> None:
