@@ -1,8 +1,11 @@
-"""Shared factories: tiny random Hugging Face models of every supported family, and brute-force mask oracles."""
+"""Shared factories: tiny random Hugging Face models of every supported family, brute-force mask oracles, and the
+repository's scripts as modules."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +25,14 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         interpreter._patch_lang_tensor = _patch_lang_tensor_with_index
 
 FAMILY_NAMES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def load_script(name: str):
+    """``scripts/NAME.py`` as a module (the scripts are tools, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_model(family: str, *, layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int = 16, seed: int = 0):

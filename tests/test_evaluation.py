@@ -151,13 +151,9 @@ def test_task_and_length_arguments():
 
 def test_finding_bounds_script_against_hand_computed_values():
     """scripts/finding_bounds.py on a made-up eval: every quantity recomputed by hand."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_script
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "finding_bounds.py"
-    spec = importlib.util.spec_from_file_location("finding_bounds", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("finding_bounds")
     table = {  # (mode, task): (accuracy, msr)
         ("full", "a"): (1.0, 0.0), ("full", "b"): (0.8, 0.0), ("full", "r"): (1.0, 0.0),
         ("elastic", "a"): (1.0, 0.5), ("elastic", "b"): (0.75, 0.6), ("elastic", "r"): (1.0, 0.9),
