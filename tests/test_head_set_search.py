@@ -47,7 +47,12 @@ def test_bad_targets_are_refused(search):
         search.greedy_prune(lambda routing: 0.0, (3, 2), [2], 0)
 
 
-def test_score_of_full_attention_is_the_plain_models_answer_cross_entropy(search):
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="needs a CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_score_of_full_attention_is_the_plain_models_answer_cross_entropy(search, device):
     """Oracle: the backbone without elastic attention, its answer tokens' cross-entropy computed here in float64."""
     from elastic_attention import ElasticConfig, attach
     from elastic_attention.evaluation.pipeline import load_backbone
@@ -55,8 +60,8 @@ def test_score_of_full_attention_is_the_plain_models_answer_cross_entropy(search
     from elastic_attention.rows import encode_row
     from elastic_attention.training.data import pack_rows
 
-    plain, tokenizer = load_backbone(TINY, device="cpu")
-    model, _ = load_backbone(TINY, device="cpu")
+    plain, tokenizer = load_backbone(TINY, device=device, dtype="float32")
+    model, _ = load_backbone(TINY, device=device, dtype="float32")
     attach(model, ElasticConfig(configuration="fa-ssa", block_size=32, sink_tokens=32, local_tokens=128))
     rows = suite_of("needle_single").generate("needle_single", 700, 3, 3, tokenizer)
     encoded = [encode_row(tokenizer, row) for row in rows]
@@ -65,13 +70,14 @@ def test_score_of_full_attention_is_the_plain_models_answer_cross_entropy(search
     total, count = 0.0, 0
     with torch.no_grad():
         for row in encoded:
-            ids = torch.tensor([row.prompt_ids + row.answer_ids])
+            ids = torch.tensor([row.prompt_ids + row.answer_ids], device=device)
             logits = plain(input_ids=ids).logits[0, len(row.prompt_ids) - 1 : -1].double()
-            targets = torch.tensor(row.answer_ids)
+            targets = torch.tensor(row.answer_ids, device=device)
             total += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
             count += len(row.answer_ids)
-    score = search.answer_cross_entropy(model, packs, torch.device("cpu"))
-    assert score(torch.ones(4, 2, dtype=torch.bool)) == pytest.approx(total / count, abs=1e-4)
+    score = search.answer_cross_entropy(model, packs, torch.device(device))
+    tolerance = 1e-3 if device == "cuda" else 1e-4  # TF32 matrix products on the GPU
+    assert score(torch.ones(4, 2, dtype=torch.bool)) == pytest.approx(total / count, abs=tolerance)
     assert score(torch.zeros(4, 2, dtype=torch.bool)) > total / count
 
 
