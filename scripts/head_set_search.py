@@ -10,7 +10,7 @@ apart from the evaluation's rows), until the largest MSR asked. The head set rea
 
 A set found that keeps 97% of full attention shows such a set exists (the routers could learn it); none found is
 evidence, not proof, that none exists (greedy removal ignores heads that matter only together). Writes every round
-(the heads moved, the cross-entropy) and every evaluated set to --out.
+(the heads moved, the cross-entropy) and the sets to --out after the search, then again after each set's evaluation.
 """
 
 from __future__ import annotations
@@ -68,9 +68,10 @@ def answer_cross_entropy(model, packs, device) -> Callable[[torch.Tensor], float
     """``score(head set)``: the mean answer cross-entropy over ``packs`` (nats per answer token) with those heads
     on full attention and the others on sparse attention."""
     from elastic_attention.integration import force_routing
+    from elastic_attention.training.data import IGNORE_INDEX
     from elastic_attention.training.trainer import supervised_loss
 
-    tokens = [int((pack.labels != -100).sum()) for pack in packs]
+    tokens = [int((pack.labels != IGNORE_INDEX).sum()) for pack in packs]
 
     @torch.no_grad()
     def score(routing: torch.Tensor) -> float:
@@ -92,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from elastic_attention.evaluation.runner import run_evaluation
     from elastic_attention.evaluation.suites import suite_of
     from elastic_attention.integration import runtime_of
+    from elastic_attention.io import atomic_write_text
     from elastic_attention.rows import encode_row
     from elastic_attention.training.data import pack_rows
     from elastic_attention.training.train_config import TrainConfig
@@ -127,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     packs = pack_rows([encode_row(tokenizer, row) for row in rows], args.pack_tokens)
     score = answer_cross_entropy(model, packs, next(model.parameters()).device)
     full_score, sparse_score = score(torch.ones(shape, dtype=torch.bool)), score(torch.zeros(shape, dtype=torch.bool))
-    print(f"answer cross-entropy: full {full_score:.4f}, all sparse {sparse_score:.4f} ({len(packs)} packs)", flush=True)
+    print(f"answer cross-entropy: full {full_score:.4f}, all sparse {sparse_score:.4f} ({len(packs)} packs)",
+          flush=True)
 
     def report(record: dict) -> None:
         print(f"  {record['sparse_heads']:3d} sparse heads (MSR {record['sparse_heads'] / total:.3f}): "
@@ -135,27 +138,26 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     sets, rounds = greedy_prune(score, shape, sorted(targets.values()), args.step, on_round=report)
 
-    baseline = run_evaluation(model, tokenizer, modes=["full", "sparse"], tasks=[args.task], lengths=[args.length],
-                              samples=args.samples, batch_size=args.batch_size)
-    full_accuracy = baseline[0].accuracy
-    evaluated = []
-    for msr, target in targets.items():
-        (cell,) = run_evaluation(model, tokenizer, modes=["static"], tasks=[args.task], lengths=[args.length],
-                                 samples=args.samples, static_routing=sets[target], batch_size=args.batch_size)
-        kept = cell.accuracy / full_accuracy if full_accuracy else math.nan
-        print(f"MSR {cell.msr:.3f}: accuracy {cell.accuracy:.3f} ({kept:.0%} of full attention's "
-              f"{full_accuracy:.3f})", flush=True)
-        evaluated.append({"msr_asked": msr, "msr": cell.msr, "accuracy": cell.accuracy, "kept": kept,
-                          "full_heads": sets[target].tolist(), "predictions": cell.predictions})
     result = {
         **run_header(next(model.parameters()).device),
         "model": args.model, "task": args.task, "length": args.length, "search_samples": args.search_samples,
         "search_seed": args.search_seed, "samples": args.samples, "step": args.step,
         "cross_entropy_full": full_score, "cross_entropy_sparse": sparse_score, "rounds": rounds,
-        "full_accuracy": full_accuracy, "sparse_accuracy": baseline[1].accuracy, "sets": evaluated,
+        "sets": [{"msr_asked": msr, "full_heads": sets[target].tolist()} for msr, target in targets.items()],
     }
-    with open(args.out, "w") as handle:
-        json.dump(result, handle, indent=1)
+    atomic_write_text(args.out, json.dumps(result, indent=1))  # the search alone, should the evaluation be cut
+
+    baseline = run_evaluation(model, tokenizer, modes=["full", "sparse"], tasks=[args.task], lengths=[args.length],
+                              samples=args.samples, batch_size=args.batch_size)
+    result["full_accuracy"], result["sparse_accuracy"] = baseline[0].accuracy, baseline[1].accuracy
+    for entry, target in zip(result["sets"], targets.values()):
+        (cell,) = run_evaluation(model, tokenizer, modes=["static"], tasks=[args.task], lengths=[args.length],
+                                 samples=args.samples, static_routing=sets[target], batch_size=args.batch_size)
+        kept = cell.accuracy / result["full_accuracy"] if result["full_accuracy"] else math.nan
+        print(f"MSR {cell.msr:.3f}: accuracy {cell.accuracy:.3f} ({kept:.0%} of full attention's "
+              f"{result['full_accuracy']:.3f})", flush=True)
+        entry.update(msr=cell.msr, accuracy=cell.accuracy, kept=kept, predictions=cell.predictions)
+        atomic_write_text(args.out, json.dumps(result, indent=1))
     return result
 
 
