@@ -5,8 +5,9 @@ checks that the files belong together (one model, one elastic configuration, one
 router, the same number of rows for every cell of a (task, length), no cell measured twice) and writes their cells
 as one eval.json, eval.md and accuracy_vs_msr.png, keeping each file's header (command, date, device, static head
 sets, ...) under ``merged_from``. ``--modes`` keeps only some modes' cells: the cells that do not depend on the
-router (full, sparse, static@MSR) of an older table can join a new router's elastic and static cells in two merges. It cannot tell whether a task's generator changed between the calls, and files
-written before eval.json recorded its seed are not checked for one.
+router (full, sparse, static@MSR) of an older table can join a new router's elastic and static cells in two merges.
+It cannot tell whether a task's generator changed between the calls, and files written before eval.json recorded
+its seed are not checked for one.
 """
 
 from __future__ import annotations
