@@ -1,5 +1,6 @@
 """Router training: packing, labels, the objective and its multipliers, the CLI with kill and resume, gloo DDP."""
 
+import csv
 import math
 import os
 import shutil
@@ -256,6 +257,12 @@ def test_two_gloo_processes_match_one_process(tmp_path, random_suite_backbone, d
     assert result.returncode == 0, result.stderr[-3000:]
     for name, value in routers(tmp_path / "single").items():
         torch.testing.assert_close(routers(tmp_path / "double")[name], value, rtol=1e-5, atol=1e-6)
+    logged = [list(csv.DictReader((tmp_path / run / "metrics.csv").open())) for run in ("single", "double")]
+    columns = [key for key in logged[0][0] if key.startswith(("lm_loss", "msr/"))]
+    assert any(key.startswith("lm_loss/") for key in columns)
+    for one, two in zip(*logged):  # the answer loss of each task gathered from both processes
+        for key in columns:
+            assert float(two[key]) == pytest.approx(float(one[key]), rel=1e-4, nan_ok=True), key
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -288,6 +295,26 @@ def test_supervised_loss_equals_the_models_own_loss_over_labelled_tokens():
     expected = model(input_ids=pack.input_ids[None], position_ids=pack.position_ids[None],
                      labels=pack.labels[None], use_cache=False).loss
     torch.testing.assert_close(supervised_loss(model, pack, torch.device("cpu")), expected)
+
+
+def test_token_losses_belong_to_their_samples():
+    """Oracle: each sample's answer cross-entropy computed alone, in float64, against its share of the pack's."""
+    from conftest import tiny_model
+
+    from elastic_attention.training.trainer import supervised_token_losses
+
+    model = tiny_model("qwen3")
+    rows = [EncodedRow([5, 6, 7, 8], [9, 10, 11], "a"), EncodedRow([12, 13], [14], "b"),
+            EncodedRow([15, 16, 17, 18, 19], [20, 21], "a")]
+    pack = pack_rows(rows, budget=32)[0]
+    losses, samples = supervised_token_losses(model, pack, torch.device("cpu"))
+    assert samples.tolist() == [0, 0, 0, 1, 2, 2]
+    with torch.no_grad():
+        for index, row in enumerate(rows):
+            logits = model(input_ids=torch.tensor([row.prompt_ids + row.answer_ids])).logits[0].double()
+            alone = torch.nn.functional.cross_entropy(logits[len(row.prompt_ids) - 1 : -1], torch.tensor(row.answer_ids),
+                                                      reduction="none")
+            torch.testing.assert_close(losses[samples == index].double(), alone, rtol=1e-4, atol=1e-5)
 
 
 def test_routers_pool_the_prompt_of_a_training_sample_never_its_answer():

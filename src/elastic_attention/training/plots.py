@@ -20,7 +20,8 @@ def write_plot(plot: Callable[[list[dict], Path], Path], history: list[dict], ou
 
 
 def plot_training(history: list[dict], output_dir: Path) -> Path:
-    """Four panels from the metric history; returns the PNG path."""
+    """Four panels from the metric history (the LM loss overall and per task, the regularisation loss, MSR and
+    lambda1 per task); returns the PNG path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,8 +29,13 @@ def plot_training(history: list[dict], output_dir: Path) -> Path:
 
     steps = [m["step"] for m in history]
     figure, axes = plt.subplots(2, 2, figsize=(11, 7))
-    axes[0, 0].plot(steps, [m["lm_loss"] for m in history])
-    axes[0, 0].set_title("LM loss")
+    axes[0, 0].plot(steps, [m["lm_loss"] for m in history], color="black", label="all")
+    for key in sorted(k for k in history[0] if k.startswith("lm_loss/")):
+        present = [(m["step"], m[key]) for m in history if m[key] == m[key]]
+        axes[0, 0].plot(*zip(*present), marker=".", linewidth=0.6, label=key[8:]) if present else None
+    axes[0, 0].set_title("LM loss (answer tokens; per task where logged)")
+    axes[0, 0].set_yscale("log")
+    axes[0, 0].legend(fontsize=7)
     axes[0, 1].plot(steps, [m["reg_loss"] for m in history])
     axes[0, 1].set_title("regularisation loss")
     for key in sorted(k for k in history[0] if k.startswith("msr/")):

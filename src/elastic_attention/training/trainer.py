@@ -219,12 +219,14 @@ class RouterTrainer:
         order = self.pack_order(self.step)
         sums: dict[str, float] = defaultdict(float)
         task_msr: dict[str, list[float]] = defaultdict(list)
+        task_lm: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # task -> [summed token loss, tokens]
         for position, pack_index in enumerate(order):
             if position % self.world_size != self.rank:
                 continue
             pack = self.packs[pack_index]
             noise_seed = config.seed * 1_000_003 + self.step * 1009 + position
-            lm_loss = supervised_loss(self.model, pack, self.device, noise_seed=noise_seed)
+            token_losses, samples = supervised_token_losses(self.model, pack, self.device, noise_seed=noise_seed)
+            lm_loss = token_losses.mean()
             msr = routing_report(self.model).msr
             regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
             # Every process scales by world / packs: averaging gradients over processes (FSDP's reduce-scatter, the
@@ -235,11 +237,16 @@ class RouterTrainer:
             sums["reg_loss"] += float(regularisation.detach())
             for task, value in zip(pack.tasks, msr.tolist()):
                 task_msr[task].append(value)
+            detached = token_losses.detach().cpu().double()
+            for index, task in enumerate(pack.tasks):
+                mine = detached[samples == index]
+                task_lm[task][0] += float(mine.sum())
+                task_lm[task][1] += mine.numel()
         self._reduce_gradients()
         if config.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.router_parameters, config.grad_clip)
         self.optimizer.step()
-        return self._metrics(sums, task_msr, len(order), temperature, scale)
+        return self._metrics(sums, task_msr, task_lm, len(order), temperature, scale)
 
     def _lr_scale(self, step: int) -> float:
         warmup = round(self.config.warmup_fraction * self.config.steps)
@@ -259,20 +266,24 @@ class RouterTrainer:
                 dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
                 parameter.grad.div_(self.world_size)
 
-    def _metrics(self, sums, task_msr, packs: int, temperature: float, scale: float) -> dict:
+    def _metrics(self, sums, task_msr, task_lm, packs: int, temperature: float, scale: float) -> dict:
         totals = torch.tensor([sums["lm_loss"], sums["reg_loss"]], dtype=torch.float64)
-        gathered = [task_msr]
+        gathered = [(task_msr, task_lm)]
         if self.world_size > 1:
             # NCCL reduces only device tensors.
             totals = totals.to(self.device)
             dist.all_reduce(totals)
             totals = totals.cpu()
             gathered = [None] * self.world_size
-            dist.all_gather_object(gathered, dict(task_msr))
+            dist.all_gather_object(gathered, (dict(task_msr), dict(task_lm)))
         merged: dict[str, list[float]] = defaultdict(list)
-        for part in gathered:
-            for task, values in part.items():
+        answer_loss: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        for msr_part, lm_part in gathered:
+            for task, values in msr_part.items():
                 merged[task] += values
+            for task, (total, tokens) in lm_part.items():
+                answer_loss[task][0] += total
+                answer_loss[task][1] += tokens
         metrics = {
             "step": self.step + 1,
             "lm_loss": float(totals[0]) / packs,
@@ -283,6 +294,8 @@ class RouterTrainer:
         for task in self.objective.tasks:
             values = merged.get(task)
             metrics[f"msr/{task}"] = sum(values) / len(values) if values else float("nan")
+            total, tokens = answer_loss.get(task, (0.0, 0))
+            metrics[f"lm_loss/{task}"] = total / tokens if tokens else float("nan")
             index = self.objective.tasks.index(task)
             metrics[f"lambda1/{task}"] = float(self.objective.lambda1.detach()[index])
             metrics[f"lambda2/{task}"] = float(self.objective.lambda2.detach()[index])
@@ -391,7 +404,14 @@ def enable_gradient_checkpointing(model) -> None:
 
 def supervised_loss(model, pack: Pack, device: torch.device, noise_seed: int | None = None) -> torch.Tensor:
     """Mean next-token cross-entropy over the supervised tokens of ``pack`` (float32 scalar); ``noise_seed`` seeds
-    the routing noise of this forward (see `forward_pack`).
+    the routing noise of this forward (see `forward_pack`)."""
+    return supervised_token_losses(model, pack, device, noise_seed)[0].mean()
+
+
+def supervised_token_losses(model, pack: Pack, device: torch.device,
+                            noise_seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token cross-entropy of every supervised token of ``pack``: ([K] float32 on ``device``, [K] int64 index
+    of each token's sample in ``pack.spans``, on the CPU).
 
     Logits are computed only at the positions that predict a labelled token (``logits_to_keep`` with their
     indices), never [T, vocab] for the whole pack: at long contexts and large vocabularies those would dominate memory.
@@ -401,7 +421,9 @@ def supervised_loss(model, pack: Pack, device: torch.device, noise_seed: int | N
     if keep.numel() == 0:
         raise ValueError("a pack has no supervised token; every row needs a non-empty answer")
     output = forward_pack(model, pack, device, logits_to_keep=keep.to(device), noise_seed=noise_seed)
-    return torch.nn.functional.cross_entropy(output.logits[0].float(), targets[keep].to(device))
+    losses = torch.nn.functional.cross_entropy(output.logits[0].float(), targets[keep].to(device), reduction="none")
+    starts = torch.tensor([start for start, _, _ in pack.spans])
+    return losses, torch.bucketize(keep + 1, starts, right=True) - 1  # label position keep + 1 lies in that sample
 
 
 def forward_pack(model, pack: Pack, device: torch.device, logits_to_keep, noise_seed: int | None = None):
