@@ -237,11 +237,12 @@ class RouterTrainer:
             sums["reg_loss"] += float(regularisation.detach())
             for task, value in zip(pack.tasks, msr.tolist()):
                 task_msr[task].append(value)
-            detached = token_losses.detach().cpu().double()
-            for index, task in enumerate(pack.tasks):
-                mine = detached[samples == index]
-                task_lm[task][0] += float(mine.sum())
-                task_lm[task][1] += mine.numel()
+            count = len(pack.tasks)
+            per_sample = torch.bincount(samples, weights=token_losses.detach().cpu().double(), minlength=count)
+            tokens = torch.bincount(samples, minlength=count)
+            for task, total, supervised in zip(pack.tasks, per_sample.tolist(), tokens.tolist()):
+                task_lm[task][0] += total
+                task_lm[task][1] += supervised
         self._reduce_gradients()
         if config.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.router_parameters, config.grad_clip)
