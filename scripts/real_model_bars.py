@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+
 def table(results: list[dict]) -> str:
     """One markdown row per (task, length): accuracy of every mode, MSRs in brackets, elastic's share of full."""
     cells = {(r["mode"], r["task"], r["length"]): r for r in results}

@@ -31,17 +31,14 @@ def plot_training(history: list[dict], output_dir: Path) -> Path:
     figure, axes = plt.subplots(2, 2, figsize=(11, 7))
     axes[0, 0].plot(steps, [m["lm_loss"] for m in history], color="black", label="all")
     for key in sorted(k for k in history[0] if k.startswith("lm_loss/")):
-        present = [(m["step"], m[key]) for m in history if m[key] == m[key]]
-        axes[0, 0].plot(*zip(*present), marker=".", linewidth=0.6, label=key[8:]) if present else None
+        _plot_logged_steps(axes[0, 0], history, key, linewidth=0.6)
     axes[0, 0].set_title("LM loss (answer tokens; per task where logged)")
     axes[0, 0].set_yscale("log")
     axes[0, 0].legend(fontsize=7)
     axes[0, 1].plot(steps, [m["reg_loss"] for m in history])
     axes[0, 1].set_title("regularisation loss")
     for key in sorted(k for k in history[0] if k.startswith("msr/")):
-        # A task may be absent from a step's packs (NaN): draw the steps that have it.
-        present = [(m["step"], m[key]) for m in history if m[key] == m[key]]
-        axes[1, 0].plot(*zip(*present), marker=".", label=key[4:]) if present else None
+        _plot_logged_steps(axes[1, 0], history, key)
         axes[1, 1].plot(steps, [m["lambda1/" + key[4:]] for m in history], label=key[4:])
     axes[1, 0].set_title("MSR per task")
     axes[1, 0].set_ylim(-0.05, 1.05)
@@ -56,6 +53,13 @@ def plot_training(history: list[dict], output_dir: Path) -> Path:
     plt.close(figure)
     return path
 
+
+def _plot_logged_steps(axis, history: list[dict], key: str, **style) -> None:
+    """Plot a per-task metric (``kind/TASK``, labelled TASK) at the steps that logged it: a task may be absent from
+    a step's packs (NaN)."""
+    present = [(m["step"], m[key]) for m in history if m[key] == m[key]]
+    if present:
+        axis.plot(*zip(*present), marker=".", label=key.split("/", 1)[1], **style)
 
 
 def plot_pretraining(history: list[dict], output_dir: Path) -> Path:
