@@ -10,7 +10,8 @@ apart from the evaluation's rows), until the largest MSR asked. The head set rea
 
 A set found that keeps 97% of full attention shows such a set exists (the routers could learn it); none found is
 evidence, not proof, that none exists (greedy removal ignores heads that matter only together). Writes every round
-(the heads moved, the cross-entropy) and the sets to --out after the search, then again after each set's evaluation.
+(the heads moved, the cross-entropy) to --out as it ends, the sets after the search, then again after each set's
+evaluation.
 """
 
 from __future__ import annotations
@@ -132,19 +133,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(f"answer cross-entropy: full {full_score:.4f}, all sparse {sparse_score:.4f} ({len(packs)} packs)",
           flush=True)
 
-    def report(record: dict) -> None:
-        print(f"  {record['sparse_heads']:3d} sparse heads (MSR {record['sparse_heads'] / total:.3f}): "
-              f"cross-entropy {record['score']:.4f}, moved {record['moved']}", flush=True)
-
-    sets, rounds = greedy_prune(score, shape, sorted(targets.values()), args.step, on_round=report)
-
     result = {
         **run_header(next(model.parameters()).device),
         "model": args.model, "task": args.task, "length": args.length, "search_samples": args.search_samples,
         "search_seed": args.search_seed, "samples": args.samples, "step": args.step,
-        "cross_entropy_full": full_score, "cross_entropy_sparse": sparse_score, "rounds": rounds,
-        "sets": [{"msr_asked": msr, "full_heads": sets[target].tolist()} for msr, target in targets.items()],
+        "cross_entropy_full": full_score, "cross_entropy_sparse": sparse_score, "rounds": [],
     }
+
+    def report(record: dict) -> None:  # each round is written as it ends, should the search be cut
+        print(f"  {record['sparse_heads']:3d} sparse heads (MSR {record['sparse_heads'] / total:.3f}): "
+              f"cross-entropy {record['score']:.4f}, moved {record['moved']}", flush=True)
+        result["rounds"].append(record)
+        atomic_write_text(args.out, json.dumps(result, indent=1))
+
+    sets, _ = greedy_prune(score, shape, sorted(targets.values()), args.step, on_round=report)
+    result["sets"] = [{"msr_asked": msr, "full_heads": sets[target].tolist()} for msr, target in targets.items()]
     atomic_write_text(args.out, json.dumps(result, indent=1))  # the search alone, should the evaluation be cut
 
     baseline = run_evaluation(model, tokenizer, modes=["full", "sparse"], tasks=[args.task], lengths=[args.length],
