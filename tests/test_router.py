@@ -38,6 +38,27 @@ def test_initial_full_probability_sets_the_first_decisions(num_kv_heads):
         router.set_full_probability(1.0)
 
 
+def test_per_head_full_probabilities_set_each_heads_first_decisions():
+    """Oracle: per KV head, the frequency of full-attention samples over many Gumbel draws and inputs, against its p."""
+    torch.manual_seed(4)
+    router = AttentionRouter(head_dim=16, width=2, num_kv_heads=3)
+    probabilities = torch.tensor([0.9, 0.1, 0.5])
+    router.set_full_probability(probabilities)
+    logits = (router.router_mlp[-1].bias + router.head_bias).detach().double()
+    torch.testing.assert_close(torch.softmax(logits, -1)[:, 1], probabilities.double())
+    router.train()
+    decisions = router(torch.randn(4000, 3, 16), generator=torch.Generator().manual_seed(0))
+    assert (decisions.float().mean(0) - probabilities).abs().max() < 0.03
+    router.set_full_probability(0.8)  # one number again: the per-head part is cleared
+    assert not router.head_bias.any()
+    with pytest.raises(ValueError, match="standardizing router"):
+        AttentionRouter(head_dim=16).set_full_probability(probabilities)
+    with pytest.raises(ValueError, match="one number per KV head \\(3\\), got shape \\(2,\\)"):
+        router.set_full_probability(torch.tensor([0.5, 0.5]))
+    with pytest.raises(ValueError, match="must be in \\(0, 1\\)"):
+        router.set_full_probability(torch.tensor([0.5, 1.0, 0.5]))
+
+
 def test_eval_mode_is_a_deterministic_argmax():
     router = AttentionRouter(head_dim=16).eval()
     pooled = torch.randn(5, 3, 16)

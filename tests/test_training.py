@@ -1,6 +1,7 @@
 """Router training: packing, labels, the objective and its multipliers, the CLI with kill and resume, gloo DDP."""
 
 import csv
+import json
 import math
 import os
 import shutil
@@ -155,6 +156,64 @@ def test_config_validation_names_the_field(tmp_path):
     assert (config.steps, config.data.budget, config.data.rows, config.temperature.kind) == (5, 2048, 8, "exponential")
 
 
+def write_head_sets(path, sets):
+    """A scripts/head_set_search.py result holding ``sets`` ({msr_asked: [layers][KV heads] bools})."""
+    path.write_text(json.dumps({"sets": [{"msr_asked": msr, "full_heads": heads} for msr, heads in sets.items()]}))
+    return path
+
+
+def test_initial_full_heads_errors_name_the_fix(tmp_path):
+    standardizing = {"router_standardize": True}
+    one = write_head_sets(tmp_path / "one.json", {0.5: [[True, False], [False, True]]})
+    two = write_head_sets(tmp_path / "two.json", {0.5: [[True, False], [False, True]], 0.75: [[True, False]] * 2})
+    with pytest.raises(ConfigError, match="needs `initial_full_probability`"):
+        TrainConfig(model="m", elastic=standardizing, initial_full_heads=str(one))
+    with pytest.raises(ConfigError, match="set `elastic.router_standardize: true`"):
+        TrainConfig(model="m", initial_full_probability=0.9, initial_full_heads=str(one))
+    with pytest.raises(ConfigError, match="no file at .*missing.json"):
+        TrainConfig(model="m", elastic=standardizing, initial_full_probability=0.9,
+                    initial_full_heads=str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="holds the sets of MSR \\[0.5, 0.75\\]: pick one"):
+        TrainConfig(model="m", elastic=standardizing, initial_full_probability=0.9, initial_full_heads=str(two))
+    with pytest.raises(ConfigError, match="`initial_full_heads_msr` 0.6 is not among"):
+        TrainConfig(model="m", elastic=standardizing, initial_full_probability=0.9, initial_full_heads=str(two),
+                    initial_full_heads_msr=0.6)
+    with pytest.raises(ConfigError, match="`initial_full_heads`, which is not set"):
+        TrainConfig(model="m", initial_full_heads_msr=0.5)
+    (tmp_path / "bad.json").write_text(json.dumps({"rounds": []}))
+    with pytest.raises(ConfigError, match="not a head_set_search result"):
+        TrainConfig(model="m", elastic=standardizing, initial_full_probability=0.9,
+                    initial_full_heads=str(tmp_path / "bad.json"))
+    numbers = write_head_sets(tmp_path / "numbers.json", {0.5: [[1, 0], [0, 1]]})
+    with pytest.raises(ConfigError, match="list of booleans"):
+        TrainConfig(model="m", elastic=standardizing, initial_full_probability=0.9, initial_full_heads=str(numbers))
+    config = TrainConfig(model="m", elastic=standardizing, initial_full_probability=0.9, initial_full_heads=str(two),
+                         initial_full_heads_msr=0.75)
+    assert config.initial_head_set().tolist() == [[True, False], [True, False]]
+
+
+def test_routers_start_from_a_head_set(tmp_path, random_suite_backbone):
+    """Oracle: each KV head's first P(full), read from its router's biases, is p in the set and 1 - p outside it."""
+    head_set = [[True, False], [False, True]]
+    heads = write_head_sets(tmp_path / "search.json", {0.5: head_set})
+    elastic = {**STANDARDIZING["elastic"]}
+    config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "run", elastic=elastic,
+                                                initial_full_probability=0.8, initial_full_heads=str(heads)))
+    trainer = RouterTrainer(config, progress=False)
+    trainer.setup()
+    from elastic_attention.integration import routers_of
+
+    for (_, router), full in zip(sorted(routers_of(trainer.model).items()), head_set):
+        logits = (router.router_mlp[-1].bias + router.head_bias).detach().double()
+        expected = torch.tensor([0.8 if in_set else 0.2 for in_set in full], dtype=torch.float64)
+        torch.testing.assert_close(torch.softmax(logits, -1)[:, 1], expected)
+    wrong = write_head_sets(tmp_path / "wrong.json", {0.5: [[True, False]] * 3})
+    config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "wrong", elastic=elastic,
+                                                initial_full_probability=0.8, initial_full_heads=str(wrong)))
+    with pytest.raises(ConfigError, match="the set is \\(3, 2\\).*the model routes \\(2, 2\\)"):
+        RouterTrainer(config, progress=False).setup()
+
+
 def write_config(tmp_path, backbone, name, **extra):
     config = {
         "model": str(backbone),
@@ -242,12 +301,18 @@ STANDARDIZING = {"elastic": {"block_size": 32, "sink_tokens": 32, "local_tokens"
 @pytest.mark.slow
 @pytest.mark.parametrize("distributed, extra", [("ddp", {}), ("fsdp", {}),
                                                ("fsdp", {"fsdp_reshard_after_forward": False}),
-                                               ("fsdp", STANDARDIZING)],
-                         ids=["ddp", "fsdp", "fsdp_keep", "fsdp_standardizing_router"])
+                                               ("fsdp", STANDARDIZING),
+                                               ("fsdp", {**STANDARDIZING, "initial_full_probability": 0.9,
+                                                         "initial_full_heads": "head_sets.json"})],
+                         ids=["ddp", "fsdp", "fsdp_keep", "fsdp_standardizing_router", "fsdp_from_a_head_set"])
 def test_two_gloo_processes_match_one_process(tmp_path, random_suite_backbone, distributed, extra):
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ELASTIC_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    if "initial_full_heads" in extra:  # a file name: the file goes into this test's folder
+        heads = write_head_sets(tmp_path / extra["initial_full_heads"], {0.5: [[True, False], [False, True]]})
+        extra = {**extra, "initial_full_heads": str(heads)}
     single = write_config(tmp_path, random_suite_backbone, "single", steps=3, checkpoint_every=0, device="cpu",
-                          **{key: value for key, value in extra.items() if key == "elastic"})
+                          **{key: value for key, value in extra.items() if key != "distributed"
+                             and not key.startswith("fsdp_")})
     subprocess.run(cli("train", str(single), "--no-progress"), check=True, env=environment, capture_output=True)
     double = write_config(tmp_path, random_suite_backbone, "double", steps=3, checkpoint_every=0, device="cpu",
                           distributed=distributed, **extra)

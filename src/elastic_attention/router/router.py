@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -58,17 +56,32 @@ class AttentionRouter(nn.Module):
             nn.init.zeros_(self.head_bias)
 
     @torch.no_grad()
-    def set_full_probability(self, probability: float) -> None:
-        """Bias the output layer so that, before any training, P(full) = ``probability`` for every input.
+    def set_full_probability(self, probability: float | torch.Tensor) -> None:
+        """Bias the router so that, before any training, P(full) = ``probability`` for every input.
 
-        The output bias becomes ``[0, log(p / (1 - p))]`` (sparse, full); the initial weights make the rest of the
-        logit close to zero, so the first decisions are full attention with probability about ``p``.
+        Args:
+            probability: one number for every head, or [Hkv] numbers, one per KV head (a standardizing router only:
+                they go into ``head_bias``), each in (0, 1).
+
+        The full-attention logit's bias becomes ``log(p / (1 - p))`` and every other bias zero; the initial weights
+        make the rest of the logit close to zero, so the first decisions are full attention with probability about
+        ``p``.
         """
-        if not 0 < probability < 1:
-            raise ValueError(f"probability must be in (0, 1), got {probability}")
+        probability = torch.as_tensor(probability, dtype=torch.float64)
+        if not bool(((probability > 0) & (probability < 1)).all()):
+            raise ValueError(f"probability must be in (0, 1), got {probability.tolist()}")
+        if probability.ndim and (self.num_kv_heads is None or probability.shape != (self.num_kv_heads,)):
+            raise ValueError(f"per-head probabilities need a standardizing router (`router_standardize: true`) and one "
+                             f"number per KV head ({self.num_kv_heads}), got shape {tuple(probability.shape)}")
+        logit = torch.log(probability / (1 - probability))
         bias = self.router_mlp[-1].bias
         bias.zero_()
-        bias[1] = math.log(probability / (1 - probability))
+        if self.num_kv_heads is not None:
+            self.head_bias.zero_()
+        if probability.ndim:
+            self.head_bias[:, 1] = logit.to(self.head_bias.dtype)
+        else:
+            bias[1] = float(logit)
 
     @torch.no_grad()
     def set_feature_statistics(self, pooled_keys: torch.Tensor) -> None:

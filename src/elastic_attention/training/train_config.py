@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import ConfigError
@@ -75,6 +78,10 @@ class TrainConfig:
         initial_full_probability: probability that a router's first decisions choose full attention, set through
             the bias of its output layer before step 0 (routing starts near the dense model and the objective
             prunes heads from there); ``None`` (the paper) keeps the zero bias, a coin flip.
+        initial_full_heads: a head set to start from, the ``--out`` file of ``scripts/head_set_search.py``: its
+            full-attention KV heads start at P(full) = ``initial_full_probability`` and the others at 1 minus that
+            (through each standardizing router's ``head_bias``). ``None``: every head starts alike.
+        initial_full_heads_msr: which of that file's sets (its ``msr_asked``); needed when it holds several.
         checkpoint_every: steps between checkpoints (0: only at the end).
         seed: initialisation and Gumbel-noise seed.
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
@@ -103,6 +110,8 @@ class TrainConfig:
     temperature: TemperatureSchedule = field(default_factory=TemperatureSchedule)
     margin_limit: float | None = None
     initial_full_probability: float | None = None
+    initial_full_heads: str | None = None
+    initial_full_heads_msr: float | None = None
     checkpoint_every: int = 0
     seed: int = 0
     device: str = "auto"
@@ -140,6 +149,16 @@ class TrainConfig:
             raise ConfigError(
                 f"`initial_full_probability` must be in (0, 1) or null, got {self.initial_full_probability}"
             )
+        if self.initial_full_heads is not None:
+            if self.initial_full_probability is None:
+                raise ConfigError("`initial_full_heads` needs `initial_full_probability`: the P(full) its heads start "
+                                  "at (the others start at 1 minus it), e.g. 0.9")
+            if not self.elastic.get("router_standardize", False):
+                raise ConfigError("`initial_full_heads` sets a bias per KV head, which only standardizing routers have:"
+                                  " set `elastic.router_standardize: true`")
+            self.initial_head_set()
+        elif self.initial_full_heads_msr is not None:
+            raise ConfigError("`initial_full_heads_msr` picks a set of `initial_full_heads`, which is not set")
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"`warmup_fraction` must be in [0, 1), got {self.warmup_fraction}")
         if self.lr_schedule not in LR_SCHEDULES:
@@ -160,6 +179,12 @@ class TrainConfig:
     def elastic_config(self) -> ElasticConfig:
         return ElasticConfig(**self.elastic)
 
+    def initial_head_set(self) -> torch.Tensor | None:
+        """The head set of ``initial_full_heads`` ([routed layers, Hkv] bool, True = full attention), or ``None``."""
+        if self.initial_full_heads is None:
+            return None
+        return load_head_set(self.initial_full_heads, self.initial_full_heads_msr)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -179,3 +204,38 @@ class TrainConfig:
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
         """Read a YAML file and apply ``key=value`` / ``section.key=value`` overrides (values parsed as YAML)."""
         return cls.from_dict(read_yaml(path, overrides))
+
+
+def load_head_set(path: str | Path, msr: float | None = None) -> torch.Tensor:
+    """One head set from a ``scripts/head_set_search.py`` result file.
+
+    Args:
+        path: the JSON file; its ``sets`` list holds ``{"msr_asked": float, "full_heads": [[bool]]}`` entries.
+        msr: the ``msr_asked`` of the set to return; ``None`` when the file holds exactly one set.
+
+    Returns:
+        [routed layers, Hkv] bool tensor, True = full attention.
+
+    Raises:
+        ConfigError: no such file, not a search result, or no (single) set matching ``msr``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"`initial_full_heads`: no file at {path} (give the --out file of "
+                          f"scripts/head_set_search.py)")
+    try:
+        sets = json.loads(path.read_text(encoding="utf-8"))["sets"]
+        asked = [float(entry["msr_asked"]) for entry in sets]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"`initial_full_heads`: {path} is not a head_set_search result with a `sets` list "
+                          f"({error!r})") from None
+    if msr is None and len(sets) != 1:
+        raise ConfigError(f"`initial_full_heads`: {path} holds the sets of MSR {asked}: pick one with "
+                          f"`initial_full_heads_msr`")
+    chosen = [entry for entry, value in zip(sets, asked) if msr is None or abs(value - msr) < 1e-9]
+    if not chosen:
+        raise ConfigError(f"`initial_full_heads_msr` {msr} is not among the sets of {path} (MSR {asked})")
+    heads = torch.tensor(chosen[0]["full_heads"])
+    if heads.dtype != torch.bool or heads.ndim != 2:
+        raise ConfigError(f"`initial_full_heads`: the set of {path} must be a [layers][KV heads] list of booleans")
+    return heads

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_attention.adapters import router_state_dict, save_router
+from elastic_attention.errors import ConfigError
 from elastic_attention.integration import attach, is_attached, routers_of, routing_report, runtime_of
 from elastic_attention.integration.runtime import NOISE_SEED_KWARG, PROMPT_LENGTHS_KWARG
 from elastic_attention.io import atomic_write_text
@@ -78,8 +79,11 @@ class RouterTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype).to(self.device)
         attach(model, config.elastic_config)
-        for router in routers_of(model).values():
+        routers = routers_of(model)
+        for router in routers.values():
             router.float()
+        if config.initial_full_probability is not None:  # before sharding; a resumed run's checkpoint replaces it
+            self._set_initial_routing([routers[index] for index in sorted(routers)])
         if config.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         if config.distributed == "fsdp":
@@ -105,8 +109,22 @@ class RouterTrainer:
             self._calibrate_routers()
         for router in routers_of(model).values():
             router.margin_limit = config.margin_limit
-            if config.initial_full_probability is not None and not restored:
-                router.set_full_probability(config.initial_full_probability)
+
+    def _set_initial_routing(self, routers: list) -> None:
+        """Start every router at ``initial_full_probability``, or, with ``initial_full_heads``, its set's heads at
+        that P(full) and the other heads at 1 minus it."""
+        probability = self.config.initial_full_probability
+        head_set = self.config.initial_head_set()
+        if head_set is None:
+            for router in routers:
+                router.set_full_probability(probability)
+            return
+        shape = (len(routers), routers[0].num_kv_heads)
+        if tuple(head_set.shape) != shape:
+            raise ConfigError(f"`initial_full_heads`: the set is {tuple(head_set.shape)} ([layers, KV heads]) but "
+                              f"the model routes {shape}: search the head set on this model")
+        for router, full in zip(routers, head_set):
+            router.set_full_probability(torch.where(full, probability, 1.0 - probability))
 
     def _calibrate_routers(self) -> None:
         """Set the standardizing routers' per-head input statistics from the first packs.
