@@ -34,6 +34,8 @@
 #                                                            # eval per group of cells in $GROUPS_OF_CELLS, each
 #                                                            # LENGTHS[/MODES[/TASKS]] (default "8k,16k 32k"; side by
 #                                                            # side on the GPU), then waits like real-table-wait
+#                                                            # (a group with the heads mode takes HEAD_SET=FILE and
+#                                                            # HEAD_SET_MSR=M: the set of scripts/head_set_search.py)
 #   OUT=$OUT bash benchmarks/device.sh real-table-wait       # waits for them (up to $LIMIT s), copies what they wrote
 #                                                            # to $OUT; call it back to back until it says "finished"
 #
@@ -197,11 +199,15 @@ case ${1:-} in
       IFS=/ read -r lengths modes tasks <<< "$group"
       modes=${modes:-${MODES:-full,elastic,sparse,static,static@0.7}}
       name=eval_${lengths//,/_}_${modes//[,@.]/_}
+      heads=()
+      case ",$modes," in *,heads,*)
+        heads=(--head-set "${HEAD_SET:?the heads mode needs HEAD_SET=FILE}" ${HEAD_SET_MSR:+--head-set-msr "$HEAD_SET_MSR"}) ;;
+      esac
       # setsid: the process outlives this call (the machine stays while calls follow back to back)
       PYTHONPATH=/tmp/real-table/src setsid nohup python3 -m elastic_attention.cli eval --model "$MODEL" \
         --router /tmp/real-table/router --suite code --tasks "${tasks:-${TASKS:-all}}" --modes "$modes" \
         --lengths "$lengths" --samples "$SAMPLES" --batch-size ${BATCH:-25} --out "/tmp/real-table/$name" \
-        > "/tmp/real-table/$name.log" 2>&1 < /dev/null &
+        "${heads[@]}" > "/tmp/real-table/$name.log" 2>&1 < /dev/null &
       echo $! >> /tmp/real-table/pids
     done
     real_table_wait ;;

@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                               samples=args.samples, batch_size=args.batch_size)
     result["full_accuracy"], result["sparse_accuracy"] = baseline[0].accuracy, baseline[1].accuracy
     for entry, target in zip(result["sets"], targets.values()):
-        (cell,) = run_evaluation(model, tokenizer, modes=["static"], tasks=[args.task], lengths=[args.length],
+        (cell,) = run_evaluation(model, tokenizer, modes=["heads"], tasks=[args.task], lengths=[args.length],
                                  samples=args.samples, static_routing=sets[target], batch_size=args.batch_size)
         kept = cell.accuracy / result["full_accuracy"] if result["full_accuracy"] else math.nan
         print(f"MSR {cell.msr:.3f}: accuracy {cell.accuracy:.3f} ({kept:.0%} of full attention's "

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import re
 import warnings
 import shutil
 
@@ -125,6 +126,52 @@ def test_eval_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert document["static"]["static"]["msr"] == 0.5 and (tmp_path / "accuracy_vs_msr.png").stat().st_size > 0
     assert {r["kind"] for r in document["results"]} == {"robust"}
     assert "| local_recall | robust | 600 |" in (tmp_path / "eval.md").read_text()
+
+
+def test_heads_mode_runs_the_given_set():
+    """Oracles: the set of every head is full attention, the empty set all-SSA (same predictions), and a mixed set's
+    MSR is its share of sparse heads."""
+    window = ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8)
+    tasks, lengths, samples = ["needle_single", "local_recall"], [700], 3
+    every, mixed = torch.ones(4, 2, dtype=torch.bool), torch.tensor([[True, False], [False, False],
+                                                                     [False, True], [True, True]])
+    cells = {}
+    for name, head_set in (("every", every), ("none", ~every), ("mixed", mixed)):
+        model, tokenizer = load_backbone(TINY_BACKBONE, "cpu")
+        results, _ = evaluate_model(model, tokenizer, router=None, modes=["full", "sparse", "heads"], tasks=tasks,
+                                    lengths=lengths, samples=samples, head_set=head_set, config=window,
+                                    progress=False)
+        cells.update({(name if r.mode == "heads" else r.mode, r.task): r for r in results})
+    for task in tasks:
+        assert cells[("every", task)].predictions == cells[("full", task)].predictions
+        assert cells[("none", task)].predictions == cells[("sparse", task)].predictions
+        assert cells[("every", task)].msr == 0.0 and cells[("none", task)].msr == 1.0
+        assert cells[("mixed", task)].msr == pytest.approx(4 / 8)  # four of the eight heads are sparse
+        assert cells[("mixed", task)].head_full_share == mixed.float().tolist()
+    model, tokenizer = load_backbone(TINY_BACKBONE, "cpu")
+    with pytest.raises(InputError, match="heads mode needs a head set"):
+        evaluate_model(model, tokenizer, router=None, modes=["heads"], tasks=tasks, lengths=lengths, samples=1,
+                       progress=False)
+    with pytest.raises(InputError, match="the head set is \\(3, 2\\).*routes \\(4, 2\\)"):
+        evaluate_model(model, tokenizer, router=None, modes=["heads"], tasks=tasks, lengths=lengths, samples=1,
+                       head_set=every[:3], progress=False)
+
+
+def test_eval_cli_reads_a_head_set_file(tmp_path, capsys):
+    heads = tmp_path / "search.json"
+    heads.write_text(json.dumps({"sets": [{"msr_asked": 0.5, "full_heads": [[True, False]] * 4},
+                                          {"msr_asked": 0.75, "full_heads": [[True, False]] + [[False, False]] * 3}]}))
+    common = ["eval", "--model", str(TINY_BACKBONE), "--tasks", "local_recall", "--lengths", "600", "--samples", "1",
+              "--device", "cpu", "--out", str(tmp_path / "out")]
+    cli_main([*common, "--modes", "heads", "--head-set", str(heads), "--head-set-msr", "0.75"])
+    document = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert [(r["mode"], r["msr"]) for r in document["results"]] == [("heads", 0.875)]
+    for extra, message in ((["--modes", "heads"], "heads mode and --head-set FILE"),
+                           (["--modes", "full", "--head-set", str(heads)], "heads mode and --head-set FILE"),
+                           (["--modes", "heads", "--head-set", str(heads)], "holds the sets of MSR \\[0.5, 0.75\\]: "
+                                                                            "pick one with `--head-set-msr`")):
+        assert cli_main([*common, *extra]) != 0
+        assert re.search(message, capsys.readouterr().err), extra
 
 
 def test_static_mode_without_its_msr_is_refused_before_any_forward(backbone, monkeypatch):

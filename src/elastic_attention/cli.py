@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
     evaluate.add_argument("--router", help="router adapter folder (needed for the elastic mode)")
     evaluate.add_argument("--modes", type=mode_list, default="full,sparse",
-                          help="comma list of full, elastic, static, static@MSR (e.g. static@0.7), sparse")
+                          help="comma list of full, elastic, static, static@MSR (e.g. static@0.7), sparse, heads "
+                               "(the fixed set of --head-set)")
     evaluate.add_argument("--suite", default="synthetic", choices=["synthetic", "code"],
                           help="synthetic (word-level, for the backbones trained here) or code (real Python source)")
     evaluate.add_argument("--tasks", default="all", help="comma list of task names, or all / sensitive / robust")
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="comma list of prompt lengths, e.g. 2k,4k,8k or 3000")
     evaluate.add_argument("--samples", type=positive_int, default=20, help="rows per (task, length)")
     evaluate.add_argument("--static-msr", type=fraction, help="MSR of the static hybrid (default: elastic's average)")
+    evaluate.add_argument("--head-set", help="head-set file for the heads mode (the --out of scripts/head_set_search.py)")
+    evaluate.add_argument("--head-set-msr", type=fraction,
+                          help="which of the file's sets (its msr_asked); needed when it holds several")
     evaluate.add_argument("--out", default="eval_out", help="folder for eval.json, eval.md and accuracy_vs_msr.png")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--batch-size", type=positive_int, default=8)
@@ -163,13 +167,22 @@ def run(args: argparse.Namespace) -> int:
         tasks = resolve_tasks(_split(args.tasks), args.suite)
         if "elastic" in args.modes and args.router is None:
             raise InputError("the elastic mode evaluates trained routers: pass --router ADAPTER_FOLDER")
+        if ("heads" in args.modes) != (args.head_set is not None) or (args.head_set_msr is not None
+                                                                      and args.head_set is None):
+            raise InputError("the heads mode and --head-set FILE (with --head-set-msr when the file holds several "
+                             "sets) go together: give both or neither")
+        head_set = None
+        if args.head_set is not None:
+            from elastic_attention.head_sets import load_head_set
+
+            head_set = load_head_set(args.head_set, args.head_set_msr, option="--head-set", msr_option="--head-set-msr")
         _require_model_folder(args.model)
         print(
             run_eval_command(
                 args.model, router=args.router, modes=args.modes, tasks=tasks, lengths=args.lengths,
                 samples=args.samples, out=args.out,
                 static_msr=args.static_msr, seed=args.seed, batch_size=args.batch_size, device=args.device,
-                dtype=args.dtype,
+                dtype=args.dtype, head_set=head_set,
             )
         )
     elif args.command == "eval-merge":

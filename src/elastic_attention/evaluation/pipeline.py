@@ -84,6 +84,7 @@ def evaluate_model(
     lengths: Sequence[int],
     samples: int,
     static_msr: float | None = None,
+    head_set: torch.Tensor | None = None,
     config: ElasticConfig = DEFAULT_EVAL_CONFIG,
     seed: int = 0,
     batch_size: int = 8,
@@ -95,7 +96,8 @@ def evaluate_model(
     With ``router``, the model is attached with the adapter's configuration (``config`` is then unused); without,
     with ``config`` and untrained routers (fine for the full, static and sparse modes). A static mode keeps the top
     retrieval-score heads on full attention: ``static@0.7`` at MSR 0.7, ``static`` at ``static_msr``, or, when that
-    is None and ``elastic`` runs too, at the elastic run's average MSR (the paper's comparison).
+    is None and ``elastic`` runs too, at the elastic run's average MSR (the paper's comparison). The ``heads`` mode
+    runs ``head_set`` ([routed layers, Hkv] bool, True = full attention), a fixed set found elsewhere.
 
     ``on_cell(results, context)`` is called after each cell with everything so far (to write partial results, so
     a run cut short keeps every cell it finished).
@@ -106,6 +108,8 @@ def evaluate_model(
     modes = check_modes(modes)
     if "static" in modes and static_msr is None and "elastic" not in modes:  # before the ranking's forwards
         raise InputError("the static mode needs --static-msr, or the elastic mode to take its MSR from")
+    if "heads" in modes and head_set is None:
+        raise InputError("the heads mode needs a head set: --head-set FILE (the --out of scripts/head_set_search.py)")
     context: dict = {}
     scores = None
     if any(is_static(mode) for mode in modes):
@@ -116,7 +120,11 @@ def evaluate_model(
     else:
         attach(model, config)
     context["elastic_config"] = runtime_of(model).config.to_dict()
-    ordered = [mode for mode in ("full", "elastic", "sparse") if mode in modes]
+    routed_shape = (len(runtime_of(model).routed_layers), runtime_of(model).num_kv_heads)
+    if head_set is not None and tuple(head_set.shape) != routed_shape:
+        raise InputError(f"the head set is {tuple(head_set.shape)} ([layers, KV heads]) but the model routes "
+                         f"{routed_shape}: give a set searched on this model")
+    ordered = [mode for mode in ("full", "elastic", "sparse", "heads") if mode in modes]
     ordered += [mode for mode in modes if is_static(mode)]
     rows = suite_rows(tokenizer, tasks, lengths, samples, seed)
     results: list[CellResult] = []
@@ -133,6 +141,8 @@ def evaluate_model(
             routed = runtime_of(model).routed_layers
             routing = static_routing(scores[list(routed)], msr)
             context.setdefault("static", {})[mode] = {"msr": msr, "heads": routing.tolist()}
+        elif mode == "heads":
+            routing = head_set
 
         def finished(cell: CellResult) -> None:
             results.append(cell)
@@ -163,6 +173,7 @@ def run_eval_command(
     batch_size: int,
     device: str | None,
     dtype: str | None = None,
+    head_set: torch.Tensor | None = None,
 ) -> str:
     """Everything `elastic-attention eval` does; returns the printed table."""
     model, tokenizer = load_backbone(model_dir, device, dtype)
@@ -180,7 +191,7 @@ def run_eval_command(
 
     results, context = evaluate_model(
         model, tokenizer, router=router, modes=modes, tasks=tasks, lengths=lengths, samples=samples,
-        static_msr=static_msr, seed=seed, batch_size=batch_size, on_cell=save,
+        static_msr=static_msr, head_set=head_set, seed=seed, batch_size=batch_size, on_cell=save,
     )
     return write_table_and_plot(results, out_dir)
 

@@ -5,6 +5,7 @@ Modes:
 - ``elastic``: the trained routers decide per input;
 - ``static``: a fixed head set from the retrieval-score ranking at a chosen MSR (DuoAttention / PruLong family);
   ``static@0.7`` names a static hybrid at a fixed MSR, so several can run side by side;
+- ``heads``: a fixed head set given by the caller (for example one `scripts/head_set_search.py` found);
 - ``sparse``: every routed head on sparse attention.
 All modes run through the same attached model and backend, so they differ only in routing. Rows come from the suite
 that holds each task (:mod:`elastic_attention.evaluation.suites`), which also decodes and scores them; `rows.encode_row` encodes
@@ -25,12 +26,17 @@ from elastic_attention.evaluation.suites import suite_of
 from elastic_attention.rows import Row, encode_row
 from elastic_attention.integration import force_routing, routing_report
 
-MODES = ("full", "elastic", "static", "sparse")
+MODES = ("full", "elastic", "static", "sparse", "heads")
 
 
 def is_static(mode: str) -> bool:
     """Whether ``mode`` is a static hybrid: ``static`` or ``static@MSR``."""
     return mode == "static" or mode.startswith("static@")
+
+
+def is_fixed(mode: str) -> bool:
+    """Whether ``mode`` runs a fixed head set (``static_routing``): a static hybrid or ``heads``."""
+    return is_static(mode) or mode == "heads"
 
 
 def static_msr_of(mode: str) -> float | None:
@@ -181,12 +187,12 @@ def run_evaluation(
     Args:
         model: a causal LM with elastic attention attached (trained routers for the ``elastic`` mode).
         tokenizer: the tokenizer the rows are rendered with (the suite's, or the model's own for the code suite).
-        modes: `MODES` or ``static@MSR`` (every static mode takes ``static_routing``).
+        modes: `MODES` or ``static@MSR`` (the static modes and ``heads`` take ``static_routing``).
         tasks: task names (of any suite).
         lengths: prompt lengths in tokens.
         samples: rows per (task, length); the same rows for every mode.
         seed: suite seed.
-        static_routing: [routed layers, Hkv] bool head set for the static modes (True = full attention).
+        static_routing: [routed layers, Hkv] bool head set for the fixed modes (True = full attention).
         batch_size: rows per generate call.
         on_cell: called after each cell (progress reporting).
         rows: the rows of every (task, length), as `suite_rows` makes them (generated here when None).
@@ -195,15 +201,16 @@ def run_evaluation(
         One `CellResult` per (mode, task, length), in that nesting order.
     """
     modes, tasks, lengths = check_modes(modes), list(tasks), list(lengths)
-    if any(is_static(mode) for mode in modes) and static_routing is None:
-        raise InputError("the static mode needs a head set: pass static_routing (see head_ranking.static_routing)")
+    if any(is_fixed(mode) for mode in modes) and static_routing is None:
+        raise InputError(f"modes {[mode for mode in modes if is_fixed(mode)]} need a head set: pass static_routing "
+                         f"(see head_ranking.static_routing)")
     forced = {"full": "full", "sparse": "sparse", "elastic": None}
     if rows is None:
         rows = suite_rows(tokenizer, tasks, lengths, samples, seed)
     results = []
     try:
         for mode in modes:
-            force_routing(model, static_routing if is_static(mode) else forced[mode])
+            force_routing(model, static_routing if is_fixed(mode) else forced[mode])
             for task in tasks:
                 for length in lengths:
                     started = time.perf_counter()

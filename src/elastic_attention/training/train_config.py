@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import torch
 
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import ConfigError
+from elastic_attention.head_sets import load_head_set
 from elastic_attention.router.temperature import TemperatureSchedule
 from elastic_attention.training.config_io import build_section, check_types, read_yaml, unknown_keys
 
@@ -183,7 +183,8 @@ class TrainConfig:
         """The head set of ``initial_full_heads`` ([routed layers, Hkv] bool, True = full attention), or ``None``."""
         if self.initial_full_heads is None:
             return None
-        return load_head_set(self.initial_full_heads, self.initial_full_heads_msr)
+        return load_head_set(self.initial_full_heads, self.initial_full_heads_msr, option="initial_full_heads",
+                             msr_option="initial_full_heads_msr")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -205,37 +206,3 @@ class TrainConfig:
         """Read a YAML file and apply ``key=value`` / ``section.key=value`` overrides (values parsed as YAML)."""
         return cls.from_dict(read_yaml(path, overrides))
 
-
-def load_head_set(path: str | Path, msr: float | None = None) -> torch.Tensor:
-    """One head set from a ``scripts/head_set_search.py`` result file.
-
-    Args:
-        path: the JSON file; its ``sets`` list holds ``{"msr_asked": float, "full_heads": [[bool]]}`` entries.
-        msr: the ``msr_asked`` of the set to return; ``None`` when the file holds exactly one set.
-
-    Returns:
-        [routed layers, Hkv] bool tensor, True = full attention.
-
-    Raises:
-        ConfigError: no such file, not a search result, or no (single) set matching ``msr``.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"`initial_full_heads`: no file at {path} (give the --out file of "
-                          f"scripts/head_set_search.py)")
-    try:
-        sets = json.loads(path.read_text(encoding="utf-8"))["sets"]
-        asked = [float(entry["msr_asked"]) for entry in sets]
-    except (ValueError, KeyError, TypeError) as error:
-        raise ConfigError(f"`initial_full_heads`: {path} is not a head_set_search result with a `sets` list "
-                          f"({error!r})") from None
-    if msr is None and len(sets) != 1:
-        raise ConfigError(f"`initial_full_heads`: {path} holds the sets of MSR {asked}: pick one with "
-                          f"`initial_full_heads_msr`")
-    chosen = [entry for entry, value in zip(sets, asked) if msr is None or abs(value - msr) < 1e-9]
-    if not chosen:
-        raise ConfigError(f"`initial_full_heads_msr` {msr} is not among the sets of {path} (MSR {asked})")
-    heads = torch.tensor(chosen[0]["full_heads"])
-    if heads.dtype != torch.bool or heads.ndim != 2:
-        raise ConfigError(f"`initial_full_heads`: the set of {path} must be a [layers][KV heads] list of booleans")
-    return heads
