@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="comma list of prompt lengths, e.g. 2k,4k,8k or 3000")
     evaluate.add_argument("--samples", type=positive_int, default=20, help="rows per (task, length)")
     evaluate.add_argument("--static-msr", type=fraction, help="MSR of the static hybrid (default: elastic's average)")
-    evaluate.add_argument("--head-set", help="head-set file for the heads mode (the --out of scripts/head_set_search.py)")
+    evaluate.add_argument("--head-set",
+                          help="head-set file for the heads mode (the --out of scripts/head_set_search.py)")
     evaluate.add_argument("--head-set-msr", type=fraction,
                           help="which of the file's sets (its msr_asked); needed when it holds several")
     evaluate.add_argument("--out", default="eval_out", help="folder for eval.json, eval.md and accuracy_vs_msr.png")

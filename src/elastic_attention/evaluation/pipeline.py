@@ -119,8 +119,9 @@ def evaluate_model(
         load_router(model, router)
     else:
         attach(model, config)
-    context["elastic_config"] = runtime_of(model).config.to_dict()
-    routed_shape = (len(runtime_of(model).routed_layers), runtime_of(model).num_kv_heads)
+    runtime = runtime_of(model)
+    context["elastic_config"] = runtime.config.to_dict()
+    routed_shape = (len(runtime.routed_layers), runtime.num_kv_heads)
     if head_set is not None and tuple(head_set.shape) != routed_shape:
         raise InputError(f"the head set is {tuple(head_set.shape)} ([layers, KV heads]) but the model routes "
                          f"{routed_shape}: give a set searched on this model")
@@ -138,8 +139,7 @@ def evaluate_model(
             if msr is None:
                 elastic = [r.msr for r in results if r.mode == "elastic"]
                 msr = sum(elastic) / len(elastic)
-            routed = runtime_of(model).routed_layers
-            routing = static_routing(scores[list(routed)], msr)
+            routing = static_routing(scores[list(runtime.routed_layers)], msr)
             context.setdefault("static", {})[mode] = {"msr": msr, "heads": routing.tolist()}
         elif mode == "heads":
             routing = head_set
