@@ -87,7 +87,7 @@ def answer_cross_entropy(model, packs, device) -> Callable[[torch.Tensor], float
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    from elastic_attention import ElasticConfig, attach
+    from elastic_attention import attach
     from elastic_attention.bench.timing import run_header
     from elastic_attention.cli import parse_length
     from elastic_attention.evaluation.pipeline import load_backbone
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     model, tokenizer = load_backbone(args.model, device=args.device, dtype=args.dtype)
-    attach(model, ElasticConfig(**TrainConfig.from_yaml(args.config).elastic))
+    attach(model, TrainConfig.from_yaml(args.config).elastic_config)
     runtime = runtime_of(model)
     shape = (len(runtime.routed_layers), runtime.num_kv_heads)
     total = shape[0] * shape[1]

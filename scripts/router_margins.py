@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     from elastic_attention.bench.timing import run_header
     from elastic_attention.cli import parse_length
     from elastic_attention.evaluation.pipeline import load_backbone, resolve_tasks
+    from elastic_attention.io import atomic_write_text
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="folder of the backbone and its tokenizer")
@@ -86,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
               f"< 2: {entry['margin_below_2']:.2f}  expected MSR when sampled {entry['expected_msr_sampled']:.2f}")
     if args.out:
         header = run_header(next(model.parameters()).device)
-        with open(args.out, "w") as handle:
-            json.dump({**header, "model": args.model, "router": args.router, "table": table}, handle, indent=1)
+        atomic_write_text(args.out, json.dumps({**header, "model": args.model, "router": args.router, "table": table},
+                                               indent=1))
     return table
 
 

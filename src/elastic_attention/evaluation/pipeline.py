@@ -122,7 +122,7 @@ def evaluate_model(
     runtime = runtime_of(model)
     context["elastic_config"] = runtime.config.to_dict()
     routed_shape = (len(runtime.routed_layers), runtime.num_kv_heads)
-    if head_set is not None and tuple(head_set.shape) != routed_shape:
+    if head_set is not None and tuple(head_set.shape) != routed_shape:  # before any cell; force_routing would refuse it
         raise InputError(f"the head set is {tuple(head_set.shape)} ([layers, KV heads]) but the model routes "
                          f"{routed_shape}: give a set searched on this model")
     ordered = [mode for mode in ("full", "elastic", "sparse", "heads") if mode in modes]
