@@ -205,4 +205,3 @@ class TrainConfig:
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
         """Read a YAML file and apply ``key=value`` / ``section.key=value`` overrides (values parsed as YAML)."""
         return cls.from_dict(read_yaml(path, overrides))
-
