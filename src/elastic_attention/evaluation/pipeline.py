@@ -18,12 +18,14 @@ from elastic_attention.evaluation.reporting import command_and_date, write_json,
 from elastic_attention.evaluation.runner import (
     CellResult,
     check_modes,
+    fixed_msr_of,
+    is_heads,
     is_static,
     run_evaluation,
-    static_msr_of,
     suite_rows,
 )
 from elastic_attention.evaluation.suites import get_suite, suite_of
+from elastic_attention.head_sets import HeadSets
 from elastic_attention.integration import attach, runtime_of
 
 logger = logging.getLogger(__name__)
@@ -84,7 +86,8 @@ def evaluate_model(
     lengths: Sequence[int],
     samples: int,
     static_msr: float | None = None,
-    head_set: torch.Tensor | None = None,
+    head_set: torch.Tensor | HeadSets | None = None,
+    head_set_msr: float | None = None,
     config: ElasticConfig = DEFAULT_EVAL_CONFIG,
     seed: int = 0,
     batch_size: int = 8,
@@ -96,8 +99,11 @@ def evaluate_model(
     With ``router``, the model is attached with the adapter's configuration (``config`` is then unused); without,
     with ``config`` and untrained routers (fine for the full, static and sparse modes). A static mode keeps the top
     retrieval-score heads on full attention: ``static@0.7`` at MSR 0.7, ``static`` at ``static_msr``, or, when that
-    is None and ``elastic`` runs too, at the elastic run's average MSR (the paper's comparison). The ``heads`` mode
-    runs ``head_set`` ([routed layers, Hkv] bool, True = full attention), a fixed set found elsewhere.
+    is None and ``elastic`` runs too, at the elastic run's average MSR (the paper's comparison). The head-set modes
+    run ``head_set``, fixed sets found elsewhere: a [routed layers, Hkv] bool tensor (True = full attention), or the
+    `HeadSets` of a head-set file, whose ``heads@0.4`` is its set at MSR 0.4 (a kept set or a point of its search
+    path) and whose ``heads`` is its set at ``head_set_msr``, or, when that is None, the elastic run's average MSR
+    (a file with a path, ``elastic`` among the modes) or its only set.
 
     ``on_cell(results, context)`` is called after each cell with everything so far (to write partial results, so
     a run cut short keeps every cell it finished).
@@ -108,8 +114,8 @@ def evaluate_model(
     modes = check_modes(modes)
     if "static" in modes and static_msr is None and "elastic" not in modes:  # before the ranking's forwards
         raise InputError("the static mode needs --static-msr, or the elastic mode to take its MSR from")
-    if "heads" in modes and head_set is None:
-        raise InputError("the heads mode needs a head set: --head-set FILE (the --out of scripts/head_set_search.py)")
+    head_sets = HeadSets.of(head_set) if isinstance(head_set, torch.Tensor) else head_set
+    heads_at_elastic = check_head_set_modes(modes, head_sets, head_set_msr)
     context: dict = {}
     scores = None
     if any(is_static(mode) for mode in modes):
@@ -122,27 +128,31 @@ def evaluate_model(
     runtime = runtime_of(model)
     context["elastic_config"] = runtime.config.to_dict()
     routed_shape = (len(runtime.routed_layers), runtime.num_kv_heads)
-    if head_set is not None and tuple(head_set.shape) != routed_shape:  # before any cell; force_routing would refuse it
-        raise InputError(f"the head set is {tuple(head_set.shape)} ([layers, KV heads]) but the model routes "
+    if head_sets is not None and tuple(head_sets.shape) != routed_shape:  # force_routing would refuse it later
+        raise InputError(f"the head set is {tuple(head_sets.shape)} ([layers, KV heads]) but the model routes "
                          f"{routed_shape}: give a set searched on this model")
-    ordered = [mode for mode in ("full", "elastic", "sparse", "heads") if mode in modes]
-    ordered += [mode for mode in modes if is_static(mode)]
+    ordered = [mode for mode in ("full", "elastic", "sparse") if mode in modes]
+    ordered += [mode for mode in modes if is_heads(mode)] + [mode for mode in modes if is_static(mode)]
     rows = suite_rows(tokenizer, tasks, lengths, samples, seed)
     results: list[CellResult] = []
     bar = _progress(len(ordered) * len(tasks) * len(lengths), progress)
+
+    def elastic_msr() -> float:
+        elastic = [r.msr for r in results if r.mode == "elastic"]
+        return sum(elastic) / len(elastic)
+
     for mode in ordered:
         routing = None
         if is_static(mode):
-            msr = static_msr_of(mode)
-            if msr is None:
-                msr = static_msr
-            if msr is None:
-                elastic = [r.msr for r in results if r.mode == "elastic"]
-                msr = sum(elastic) / len(elastic)
+            msr = fixed_msr_of(mode)
+            msr = msr if msr is not None else static_msr if static_msr is not None else elastic_msr()
             routing = static_routing(scores[list(runtime.routed_layers)], msr)
             context.setdefault("static", {})[mode] = {"msr": msr, "heads": routing.tolist()}
-        elif mode == "heads":
-            routing = head_set
+        elif is_heads(mode):
+            msr = elastic_msr() if mode == "heads" and heads_at_elastic else _heads_msr(mode, head_set_msr)
+            routing = head_sets.at(msr, msr_option="--head-set-msr")
+            context.setdefault("head_sets", {})[mode] = {"msr_asked": msr, "source": head_sets.source,
+                                                         "heads": routing.tolist()}
 
         def finished(cell: CellResult) -> None:
             results.append(cell)
@@ -159,6 +169,32 @@ def evaluate_model(
     return results, context
 
 
+def check_head_set_modes(modes: Sequence[str], head_sets: HeadSets | None, head_set_msr: float | None) -> bool:
+    """Check that every head-set mode among ``modes`` has its set (before any forward); returns whether ``heads``
+    takes the set at the elastic run's average MSR (known only once the elastic cells ran).
+
+    Raises:
+        InputError: a head-set mode without ``head_sets``.
+        ConfigError: a set that is neither kept in the file nor reached by its path, or several sets and no MSR.
+    """
+    heads_at_elastic = ("heads" in modes and head_set_msr is None and "elastic" in modes
+                        and head_sets is not None and bool(head_sets.path))
+    if any(is_heads(mode) for mode in modes):
+        if head_sets is None:
+            raise InputError("the heads modes need a head set: --head-set FILE (the --out of "
+                             "scripts/head_set_search.py)")
+        for mode in modes:
+            if is_heads(mode) and not (mode == "heads" and heads_at_elastic):
+                head_sets.at(_heads_msr(mode, head_set_msr), msr_option="--head-set-msr")
+    return heads_at_elastic
+
+
+def _heads_msr(mode: str, head_set_msr: float | None) -> float | None:
+    """The MSR of a head-set mode's set: written in ``heads@MSR``, else ``head_set_msr`` (None: the only set)."""
+    msr = fixed_msr_of(mode)
+    return msr if msr is not None else head_set_msr
+
+
 def run_eval_command(
     model_dir: str,
     *,
@@ -173,9 +209,12 @@ def run_eval_command(
     batch_size: int,
     device: str | None,
     dtype: str | None = None,
-    head_set: torch.Tensor | None = None,
+    head_set: HeadSets | None = None,
+    head_set_msr: float | None = None,
+    config: ElasticConfig = DEFAULT_EVAL_CONFIG,
 ) -> str:
-    """Everything `elastic-attention eval` does; returns the printed table."""
+    """Everything `elastic-attention eval` does; returns the printed table. ``config`` attaches the model when
+    there is no ``router``."""
     model, tokenizer = load_backbone(model_dir, device, dtype)
     out_dir = Path(out)
     header = {
@@ -191,7 +230,8 @@ def run_eval_command(
 
     results, context = evaluate_model(
         model, tokenizer, router=router, modes=modes, tasks=tasks, lengths=lengths, samples=samples,
-        static_msr=static_msr, head_set=head_set, seed=seed, batch_size=batch_size, on_cell=save,
+        static_msr=static_msr, head_set=head_set, head_set_msr=head_set_msr, config=config, seed=seed,
+        batch_size=batch_size, on_cell=save,
     )
     return write_table_and_plot(results, out_dir)
 

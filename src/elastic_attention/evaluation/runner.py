@@ -6,6 +6,7 @@ Modes:
 - ``static``: a fixed head set from the retrieval-score ranking at a chosen MSR (DuoAttention / PruLong family);
   ``static@0.7`` names a static hybrid at a fixed MSR, so several can run side by side;
 - ``heads``: a fixed head set given by the caller (for example one `scripts/head_set_search.py` found);
+  ``heads@0.4`` names the point at MSR 0.4 of a searched path, so several can run side by side;
 - ``sparse``: every routed head on sparse attention.
 All modes run through the same attached model and backend, so they differ only in routing. Rows come from the suite
 that holds each task (:mod:`elastic_attention.evaluation.suites`), which also decodes and scores them; `rows.encode_row` encodes
@@ -34,24 +35,30 @@ def is_static(mode: str) -> bool:
     return mode == "static" or mode.startswith("static@")
 
 
+def is_heads(mode: str) -> bool:
+    """Whether ``mode`` runs a given head set: ``heads`` or ``heads@MSR``."""
+    return mode == "heads" or mode.startswith("heads@")
+
+
 def is_fixed(mode: str) -> bool:
-    """Whether ``mode`` runs a fixed head set (``static_routing``): a static hybrid or ``heads``."""
-    return is_static(mode) or mode == "heads"
+    """Whether ``mode`` runs a fixed head set (``static_routing``): a static hybrid or a given head set."""
+    return is_static(mode) or is_heads(mode)
 
 
-def static_msr_of(mode: str) -> float | None:
-    """The fixed MSR of a ``static@MSR`` mode; None for ``static`` (its MSR is chosen by the caller).
+def fixed_msr_of(mode: str) -> float | None:
+    """The MSR written in a ``static@MSR`` or ``heads@MSR`` mode; None for ``static`` and ``heads`` (chosen by the
+    caller).
 
     Raises:
-        InputError: ``static@`` followed by something that is not a number in [0, 1].
+        InputError: ``static@`` or ``heads@`` followed by something that is not a number in [0, 1].
     """
-    if mode == "static":
+    if mode in ("static", "heads"):
         return None
-    text = mode.removeprefix("static@")
+    kind, _, text = mode.partition("@")
     try:
         msr = float(text)
     except ValueError:
-        raise InputError(f"mode {mode!r}: write a static hybrid at a fixed MSR as static@0.7") from None
+        raise InputError(f"mode {mode!r}: write a fixed MSR as {kind}@0.7") from None
     if not 0.0 <= msr <= 1.0:
         raise InputError(f"mode {mode!r}: the MSR must be in [0, 1]")
     return msr
@@ -64,12 +71,12 @@ def check_modes(modes: Iterable[str]) -> list[str]:
         InputError: an unknown mode (the message lists the known ones).
     """
     modes = list(modes)
-    unknown = sorted(mode for mode in modes if mode not in MODES and not is_static(mode))
+    unknown = sorted(mode for mode in modes if mode not in MODES and not is_fixed(mode))
     if unknown:
-        raise InputError(f"unknown evaluation modes {unknown}; choose from {list(MODES)} or static@MSR (static@0.7)")
-    for mode in modes:
-        if mode.startswith("static@"):
-            static_msr_of(mode)
+        raise InputError(f"unknown evaluation modes {unknown}; choose from {list(MODES)}, static@MSR (static@0.7) or "
+                         f"heads@MSR")
+    for mode in filter(is_fixed, modes):
+        fixed_msr_of(mode)
     if not modes:
         raise InputError(f"no evaluation modes given; choose from {list(MODES)}")
     return modes
@@ -187,7 +194,7 @@ def run_evaluation(
     Args:
         model: a causal LM with elastic attention attached (trained routers for the ``elastic`` mode).
         tokenizer: the tokenizer the rows are rendered with (the suite's, or the model's own for the code suite).
-        modes: `MODES` or ``static@MSR`` (the static modes and ``heads`` take ``static_routing``).
+        modes: `MODES`, ``static@MSR`` or ``heads@MSR`` (the fixed modes take ``static_routing``).
         tasks: task names (of any suite).
         lengths: prompt lengths in tokens.
         samples: rows per (task, length); the same rows for every mode.
