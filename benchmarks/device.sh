@@ -42,11 +42,12 @@
 #   OUT=$OUT bash benchmarks/device.sh frontier              # the model's static frontier, longer than a call: in
 #                                                            # the background the joint greedy head-set search over
 #                                                            # the sensitive tasks at 16K (scripts/head_set_search.py,
-#                                                            # path head by head, sets at $FRONTIER_MSRS), then its
-#                                                            # sets (heads@MSR) on every task at 8K and 16K; beside
-#                                                            # it full, all-SSA and the retrieval-score static hybrid
-#                                                            # (static@MSR); $FRONTIER_SAMPLES rows a cell; the window
-#                                                            # of $CONFIG. Waits like frontier-wait
+#                                                            # path head by head, sets at $FRONTIER_MSRS, rounds of
+#                                                            # $SEARCH_STEP heads), then its sets (heads@MSR) on every
+#                                                            # task at 8K and 16K, then the retrieval-score static
+#                                                            # hybrid (static@MSR); full and all-SSA beside the search;
+#                                                            # $FRONTIER_SAMPLES rows a cell; the window of $CONFIG.
+#                                                            # Waits like frontier-wait
 #   OUT=$OUT bash benchmarks/device.sh frontier-wait         # waits for it (up to $LIMIT s), copies the search and
 #                                                            # each group's eval.json to $OUT; call it until "finished"
 #
@@ -253,22 +254,22 @@ case ${1:-} in
     heads() { local from=$1 to=$2; echo "$msrs" | tr , '\n' | awk -v a="$from" -v b="$to" \
       '$1 >= a && $1 <= b {printf "%sheads@%s", (n++ ? "," : ""), $1}'; }
     static() { heads "$@" | sed 's/heads@/static@/g'; }
-    # setsid: every process outlives this call (the machine stays while calls follow back to back)
+    lengths=${SHORT_LENGTH:-8k},${SEARCH_LENGTH:-16k}  # the ranking reads rows of the first length, as in real-table
+    # setsid: every process outlives this call (the machine stays while calls follow back to back). The search
+    # first (full attention and all-SSA beside it); then its sets at both lengths; the retrieval-score static
+    # hybrid once the short length's sets are done (at most 8 files come back: 5 eval.json, search, log, gpu)
+    setsid nohup bash -c "frontier_eval baseline $lengths full,sparse" > /dev/null 2>&1 < /dev/null &
+    echo $! >> /tmp/frontier/pids
     PYTHONPATH=/tmp/frontier/src setsid nohup bash -c "
       python3 /tmp/frontier/scripts/head_set_search.py --model $MODEL --config /tmp/frontier/$CONFIG \
         --suite ${SUITE:-code} --tasks ${SEARCH_TASKS:-sensitive} --length ${SEARCH_LENGTH:-16k} --msr $msrs \
-        --step ${SEARCH_STEP:-4} \
-        --search-samples ${SEARCH_SAMPLES:-2} --samples 0 --out /tmp/frontier/search.json \
-        > /tmp/frontier/search.log 2>&1 || exit 1
-      frontier_eval heads_long_low ${SEARCH_LENGTH:-16k} $(heads 0 0.45) --head-set /tmp/frontier/search.json &
-      frontier_eval heads_long_high ${SEARCH_LENGTH:-16k} $(heads 0.45 1) --head-set /tmp/frontier/search.json &
-      frontier_eval heads_short ${SHORT_LENGTH:-8k} $(heads 0 1) --head-set /tmp/frontier/search.json &
+        --step ${SEARCH_STEP:-6} --search-samples ${SEARCH_SAMPLES:-2} --samples 0 \
+        --out /tmp/frontier/search.json > /tmp/frontier/search.log 2>&1 || exit 1
+      frontier_eval heads_long ${SEARCH_LENGTH:-16k} $(heads 0 1) --head-set /tmp/frontier/search.json &
+      frontier_eval heads_short ${SHORT_LENGTH:-8k} $(heads 0 1) --head-set /tmp/frontier/search.json
+      frontier_eval static_low $lengths $(static 0 0.45) &
+      frontier_eval static_high $lengths $(static 0.45 1) &
       wait" > /tmp/frontier/driver.out 2>&1 < /dev/null &
-    echo $! >> /tmp/frontier/pids
-    lengths=${SHORT_LENGTH:-8k},${SEARCH_LENGTH:-16k}  # the ranking reads rows of the first length, as in real-table
-    setsid nohup bash -c "frontier_eval static_low $lengths full,sparse,$(static 0 0.45)" > /dev/null 2>&1 < /dev/null &
-    echo $! >> /tmp/frontier/pids
-    setsid nohup bash -c "frontier_eval static_high $lengths $(static 0.45 1)" > /dev/null 2>&1 < /dev/null &
     echo $! >> /tmp/frontier/pids
     frontier_wait ;;
   frontier-wait)
