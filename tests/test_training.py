@@ -150,6 +150,8 @@ def test_config_validation_names_the_field(tmp_path):
                                "data": {"tasks": ["needle_single", "local_count"]}})
     with pytest.raises(ConfigError, match="`sink_tokens`"):
         TrainConfig(model="m", elastic={"sink_tokens": 100})
+    with pytest.raises(ConfigError, match="`lm_loss` must be one of \\('cross_entropy', 'distillation'\\), got 'kl'"):
+        TrainConfig(model="m", lm_loss="kl")
     path = tmp_path / "c.yaml"
     path.write_text("model: m\nsteps: 3\ndata: {rows: 8}\n")
     config = TrainConfig.from_yaml(path, ["steps=5", "data.budget=2048", "temperature.kind=exponential"])
@@ -380,6 +382,75 @@ def test_token_losses_belong_to_their_samples():
             alone = torch.nn.functional.cross_entropy(logits[len(row.prompt_ids) - 1 : -1], torch.tensor(row.answer_ids),
                                                       reduction="none")
             torch.testing.assert_close(losses[samples == index].double(), alone, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("student", ["full", "sparse", "mixed"])
+def test_distillation_is_the_kl_from_full_attention_at_each_answer_token(student):
+    """Oracle: per row alone, float64 KL between the plain model's distribution (the teacher: no elastic attention)
+    and the attached model's under the student's forced routing; zero when the student is full attention."""
+    from conftest import tiny_model
+
+    from elastic_attention import ElasticConfig, attach, force_routing
+    from elastic_attention.training.trainer import distillation_token_losses
+
+    rows = [EncodedRow(list(range(3, 60)), [9, 10, 11], "a"), EncodedRow(list(range(20, 70)), [14], "b"),
+            EncodedRow(list(range(5, 41)), [15, 16], "a")]
+    pack = pack_rows(rows, budget=256)[0]
+    plain = tiny_model("qwen3")
+    model = attach(tiny_model("qwen3"), ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4))
+    routing = {"full": "full", "sparse": "sparse", "mixed": torch.tensor([[True, False], [False, True]])}[student]
+    force_routing(model, routing)
+    losses, samples = distillation_token_losses(model, pack, torch.device("cpu"))
+    assert samples.tolist() == [0, 0, 0, 1, 2, 2]
+    with torch.no_grad():
+        for index, row in enumerate(rows):
+            ids = torch.tensor([row.prompt_ids + row.answer_ids])
+            answer = slice(len(row.prompt_ids) - 1, -1)
+            teacher = torch.log_softmax(plain(input_ids=ids).logits[0, answer].double(), dim=-1)
+            routed = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0, answer].double(), dim=-1)
+            expected = (teacher.exp() * (teacher - routed)).sum(-1)
+            torch.testing.assert_close(losses[samples == index].double(), expected, rtol=1e-4, atol=1e-6)
+            if student == "full":
+                assert float(expected.abs().max()) < 1e-5
+            else:
+                assert float(expected.max()) > 1e-4  # the window hides part of these prompts
+    assert runtime_forced(model).tolist() == (routing.tolist() if student == "mixed" else
+                                              torch.full((2, 2), student == "full").tolist())
+
+
+def test_a_distillation_run_logs_its_kl(tmp_path, random_suite_backbone):
+    from elastic_attention.training import train
+
+    config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "distill", steps=2, checkpoint_every=0,
+                                                lm_loss="distillation"))
+    summary = train(config, progress=False)
+    assert summary["steps"] == 2 and summary["config"]["lm_loss"] == "distillation"
+    rows = list(csv.DictReader((tmp_path / "distill" / "metrics.csv").open()))
+    assert len(rows) == 2 and all(float(row["lm_loss"]) >= 0 for row in rows)
+    assert all(float(row["lm_loss/needle_single"]) >= 0 for row in rows)
+
+
+def runtime_forced(model):
+    from elastic_attention.integration import runtime_of
+
+    return runtime_of(model).forced
+
+
+def test_distillation_trains_the_routers_through_their_decisions():
+    from conftest import tiny_model
+
+    from elastic_attention import ElasticConfig, attach, routers_of
+    from elastic_attention.training.trainer import distillation_token_losses
+
+    rows = [EncodedRow(list(range(3, 60)), [9, 10], "a"), EncodedRow(list(range(20, 70)), [14], "b")]
+    pack = pack_rows(rows, budget=128)[0]
+    model = attach(tiny_model("llama"), ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4))
+    model.train()
+    losses, _ = distillation_token_losses(model, pack, torch.device("cpu"), noise_seed=3)
+    losses.mean().backward()
+    assert runtime_forced(model) is None  # the routers decided the student's heads
+    gradients = [p.grad for router in routers_of(model).values() for p in router.parameters()]
+    assert all(g is not None for g in gradients) and any(float(g.abs().sum()) > 0 for g in gradients)
 
 
 def test_routers_pool_the_prompt_of_a_training_sample_never_its_answer():

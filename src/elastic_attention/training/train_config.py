@@ -21,6 +21,9 @@ SUITE_TARGETS = {
     "local_recall": 1.0, "local_pattern": 1.0, "local_count": 1.0,
 }
 
+#: What the LM term of the objective measures on the supervised tokens (see `TrainConfig.lm_loss`).
+LM_LOSS_KINDS = ("cross_entropy", "distillation")
+
 #: Router learning-rate schedules after the warm-up.
 LR_SCHEDULES = ("cosine", "constant")
 
@@ -67,6 +70,9 @@ class TrainConfig:
         targets: task -> target MSR.
         bounds: task -> [lower, upper] MSR band (optional).
         linear_term: ``"signed"`` or ``"absolute"``.
+        lm_loss: the LM term on the supervised (answer) tokens: ``"cross_entropy"`` against the row's answer (the
+            paper's CE(Y | X)), or ``"distillation"``, the KL divergence from the same model's full-attention
+            distribution (a no-grad teacher forward with every head full, about one more forward per pack).
         steps: optimizer steps.
         packs_per_step: global batch, in packs.
         router_lr, multiplier_lr, weight_decay, warmup_fraction, grad_clip: optimisation.
@@ -99,6 +105,7 @@ class TrainConfig:
     targets: dict[str, float] = field(default_factory=lambda: dict(SUITE_TARGETS))
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     linear_term: str = "signed"
+    lm_loss: str = "cross_entropy"
     steps: int = 100
     packs_per_step: int = 4
     router_lr: float = 5e-4
@@ -161,6 +168,8 @@ class TrainConfig:
             raise ConfigError("`initial_full_heads_msr` picks a set of `initial_full_heads`, which is not set")
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"`warmup_fraction` must be in [0, 1), got {self.warmup_fraction}")
+        if self.lm_loss not in LM_LOSS_KINDS:
+            raise ConfigError(f"`lm_loss` must be one of {LM_LOSS_KINDS}, got {self.lm_loss!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"`lr_schedule` must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if self.data.source in SUITE_SOURCES:

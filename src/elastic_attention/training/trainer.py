@@ -243,7 +243,7 @@ class RouterTrainer:
                 continue
             pack = self.packs[pack_index]
             noise_seed = config.seed * 1_000_003 + self.step * 1009 + position
-            token_losses, samples = supervised_token_losses(self.model, pack, self.device, noise_seed=noise_seed)
+            token_losses, samples = LM_LOSSES[config.lm_loss](self.model, pack, self.device, noise_seed=noise_seed)
             lm_loss = token_losses.mean()
             msr = routing_report(self.model).msr
             regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
@@ -443,6 +443,42 @@ def supervised_token_losses(model, pack: Pack, device: torch.device,
     losses = torch.nn.functional.cross_entropy(output.logits[0].float(), targets[keep].to(device), reduction="none")
     starts = torch.tensor([start for start, _, _ in pack.spans])
     return losses, torch.bucketize(keep + 1, starts, right=True) - 1  # label position keep + 1 lies in that sample
+
+
+def distillation_token_losses(model, pack: Pack, device: torch.device,
+                              noise_seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL divergence from the model's own full-attention distribution to its routed one, at every supervised
+    token of ``pack``: ([K] float32 on ``device``, [K] int64 index of each token's sample in ``pack.spans``).
+
+    The teacher is a no-grad forward of the same model with every routed head on full attention (the frozen
+    backbone as it was); the student is the routed forward (``noise_seed`` seeds its routing noise), so the loss
+    asks the routers to keep the answer's whole distribution, not only the probability of its tokens. A forced
+    routing set before the call stays in force for the student.
+    """
+    from elastic_attention.integration import force_routing
+
+    targets = pack.labels[1:]
+    keep = (targets != IGNORE_INDEX).nonzero().flatten()
+    if keep.numel() == 0:
+        raise ValueError("a pack has no supervised token; every row needs a non-empty answer")
+    runtime = runtime_of(model)
+    previous = runtime.forced
+    force_routing(model, "full")
+    try:
+        with torch.no_grad():
+            teacher = forward_pack(model, pack, device, logits_to_keep=keep.to(device)).logits[0].float()
+    finally:
+        force_routing(model, previous)
+    student = forward_pack(model, pack, device, logits_to_keep=keep.to(device), noise_seed=noise_seed).logits[0]
+    losses = torch.nn.functional.kl_div(torch.log_softmax(student.float(), dim=-1),
+                                        torch.log_softmax(teacher, dim=-1), log_target=True,
+                                        reduction="none").sum(dim=-1)
+    starts = torch.tensor([start for start, _, _ in pack.spans])
+    return losses, torch.bucketize(keep + 1, starts, right=True) - 1
+
+
+#: ``lm_loss`` of the training config -> the per-token loss of a pack.
+LM_LOSSES = {"cross_entropy": supervised_token_losses, "distillation": distillation_token_losses}
 
 
 def forward_pack(model, pack: Pack, device: torch.device, logits_to_keep, noise_seed: int | None = None):
