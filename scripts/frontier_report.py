@@ -1,0 +1,103 @@
+"""How much sparsity can one fixed head set buy before a task falls, and where do the router runs sit against it?
+Reads the eval.json files of a static frontier (`benchmarks/device.sh frontier`: full, all-SSA, the joint searched
+set's points ``heads@MSR`` and the retrieval-score static hybrid's ``static@MSR``) and of router runs (their
+``elastic`` cells), and writes:
+
+- a markdown table per length: each frontier point's MSR, its retention on every task (accuracy / full attention's)
+  and the mean over the tasks (each task weighs the same);
+- the sensitive target: the highest MSR at which the joint searched set keeps >= ``--share`` of full attention on
+  every sensitive task at ``--target-length`` (every point below it keeping them too);
+- with ``--plot``, the Pareto plot (mean retention against average MSR; the curves and each router run's point).
+
+    python scripts/frontier_report.py benchmarks/results/real_model_1.5b_frontier_eval.json \
+        --router fifth=runs/eval.json --plot pareto.png --out frontier.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def frontier_tables(rows: list[dict], lengths: Sequence[int]) -> str:
+    """One markdown table per length: full, all-SSA and every frontier point, retention per task and mean."""
+    from elastic_attention.evaluation.frontier import CURVES, curve, point
+
+    tasks = list(dict.fromkeys(row["task"] for row in rows))
+    kinds = {row["task"]: row.get("kind", "?") for row in rows}
+    blocks = []
+    for length in lengths:
+        header = ("| mode | MSR | mean retention | " + " | ".join(f"{task} ({kinds[task][0]})" for task in tasks)
+                  + " |")
+        lines = [f"### {length // 1024}K" if length % 1024 == 0 else f"### {length} tokens", "", header,
+                 "|" + "---|" * (3 + len(tasks))]
+        points = [point(rows, mode, length) for mode in ("full", "sparse")]
+        points += [p for prefix in CURVES for p in curve(rows, prefix, length)]
+        for found in filter(None, points):
+            shown = [f"{found.tasks[task]:.0%}" if not math.isnan(found.tasks[task]) else "-" for task in tasks]
+            lines.append(f"| {found.mode} | {found.msr:.3f} | {found.retention:.1%} | " + " | ".join(shown) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def sensitive_target(rows: list[dict], length: int, share: float) -> str:
+    """One line: the highest MSR of the joint searched set keeping ``share`` on every sensitive task at ``length``."""
+    from elastic_attention.evaluation.frontier import curve, highest_msr_keeping
+
+    sensitive = sorted({row["task"] for row in rows if row.get("kind") == "sensitive"})
+    points = curve(rows, "heads@", length)
+    if not points:
+        return f"sensitive target: no heads@MSR points at {length} tokens"
+    reached = highest_msr_keeping(points, sensitive, share)
+    if reached is None:
+        return (f"sensitive target: even the lowest point ({points[0].mode}) keeps less than {share:.0%} on some "
+                f"sensitive task at {length} tokens")
+    beyond = [p for p in points if p.msr > reached.msr]
+    after = ""
+    if beyond:
+        weakest = min(beyond[0].tasks, key=lambda task: beyond[0].tasks[task])
+        after = f"; at {beyond[0].mode} {weakest} keeps {beyond[0].tasks[weakest]:.0%}"
+    return (f"sensitive target at {length} tokens: MSR {reached.msr:.3f} ({reached.mode} keeps >= {share:.0%} on "
+            f"{', '.join(sensitive)}){after}")
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    from elastic_attention.evaluation.frontier import plot_pareto
+    from elastic_attention.io import atomic_write_text
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("frontier", nargs="+", help="eval.json files of the frontier (their cells are pooled)")
+    parser.add_argument("--router", action="append", default=[], metavar="LABEL=FILE",
+                        help="an eval.json with a router run's elastic cells (repeatable)")
+    parser.add_argument("--lengths", default=None, help="comma list of lengths in tokens (default: all in the files)")
+    parser.add_argument("--target-length", type=int, default=16384)
+    parser.add_argument("--share", type=float, default=0.98, help="share of full attention the target must keep")
+    parser.add_argument("--plot", help="PNG file for the Pareto plot")
+    parser.add_argument("--out", help="markdown file for the tables and the target")
+    args = parser.parse_args(argv)
+
+    rows = [row for name in args.frontier for row in json.loads(Path(name).read_text())["results"]]
+    routers = {}
+    for item in args.router:
+        label, _, name = item.partition("=")
+        if not name:
+            parser.error(f"--router takes LABEL=FILE, got {item!r}")
+        routers[label] = [row for row in json.loads(Path(name).read_text())["results"] if row["mode"] == "elastic"]
+    lengths = ([int(text) for text in args.lengths.split(",")] if args.lengths
+               else sorted({row["length"] for row in rows}))
+    report = frontier_tables(rows, lengths) + "\n\n" + sensitive_target(rows, args.target_length, args.share) + "\n"
+    if args.out:
+        atomic_write_text(args.out, report)
+    if args.plot:
+        plot_pareto({"frontier": rows, **{label: rows + cells for label, cells in routers.items()}}, lengths,
+                    args.plot)
+    print(report)
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,118 @@
+"""Quality against sparsity over a whole suite: the points and curves behind a Pareto plot, and the sparsity targets
+a static frontier allows.
+
+Every function reads eval.json rows (dicts with ``mode``, ``task``, ``kind``, ``length``, ``accuracy``, ``msr``).
+A row's retention is its accuracy over full attention's on the same (task, length); a mode's point at a length is
+(mean MSR, mean retention) over the tasks, each task weighing the same. The modes ``heads@MSR`` (points of a searched
+head-set path) and ``static@MSR`` (the retrieval-score static hybrid) make one curve each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Curve families: mode prefix -> label.
+CURVES = {"heads@": "joint searched head set", "static@": "retrieval-score static hybrid"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One mode at one length, over the tasks it was measured on.
+
+    Attributes:
+        mode: the eval mode (``elastic``, ``heads@0.4``, ...).
+        length: prompt length in tokens.
+        msr: mean MSR over the tasks.
+        retention: mean over the tasks of accuracy / full attention's accuracy (NaN when a task's full accuracy
+            is 0).
+        tasks: task -> retention.
+    """
+
+    mode: str
+    length: int
+    msr: float
+    retention: float
+    tasks: dict[str, float]
+
+
+def full_accuracy(rows: Sequence[dict]) -> dict[tuple[str, int], float]:
+    """(task, length) -> full attention's accuracy."""
+    return {(row["task"], row["length"]): row["accuracy"] for row in rows if row["mode"] == "full"}
+
+
+def point(rows: Sequence[dict], mode: str, length: int, tasks: Sequence[str] | None = None) -> Point | None:
+    """``mode``'s point at ``length`` over ``tasks`` (default: every task with a full-attention cell there); None
+    when a task lacks the mode's cell or full attention's."""
+    full = full_accuracy(rows)
+    cells = {row["task"]: row for row in rows if row["mode"] == mode and row["length"] == length}
+    tasks = list(tasks) if tasks is not None else [task for task, at in full if at == length]
+    if not tasks or any(task not in cells or (task, length) not in full for task in tasks):
+        return None
+    kept = {task: cells[task]["accuracy"] / full[(task, length)] if full[(task, length)] else math.nan
+            for task in tasks}
+    return Point(mode=mode, length=length, msr=sum(cells[task]["msr"] for task in tasks) / len(tasks),
+                 retention=sum(kept.values()) / len(kept), tasks=kept)
+
+
+def curve(rows: Sequence[dict], prefix: str, length: int, tasks: Sequence[str] | None = None) -> list[Point]:
+    """The complete points of every ``PREFIX@MSR`` mode at ``length``, by rising MSR."""
+    modes = dict.fromkeys(row["mode"] for row in rows if row["mode"].startswith(prefix))
+    points = [point(rows, mode, length, tasks) for mode in modes]
+    return sorted((p for p in points if p is not None), key=lambda p: p.msr)
+
+
+def highest_msr_keeping(points: Sequence[Point], tasks: Sequence[str], share: float) -> Point | None:
+    """The point of highest MSR at which every task of ``tasks`` keeps at least ``share`` of full attention, among
+    the points at or below which every point also does (the frontier's sustained reach); None if the first does
+    not."""
+    reached = None
+    for candidate in sorted(points, key=lambda p: p.msr):
+        if any(not candidate.tasks.get(task, math.nan) >= share for task in tasks):
+            break
+        reached = candidate
+    return reached
+
+
+def plot_pareto(rows_by_label: dict[str, Sequence[dict]], lengths: Sequence[int], path: str | Path) -> Path:
+    """Mean retention over the tasks against mean MSR, one panel per length: the ``heads@`` and ``static@`` curves
+    and full / all-SSA from every file, and the ``elastic`` point of each labelled file (one per router run).
+
+    Args:
+        rows_by_label: label -> eval.json rows; the curves are drawn from all of them together.
+        lengths: prompt lengths, one panel each.
+        path: PNG file to write.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    every = [row for rows in rows_by_label.values() for row in rows]
+    figure, axes = plt.subplots(1, len(lengths), figsize=(5.2 * len(lengths), 4.4), squeeze=False)
+    for axis, length in zip(axes[0], lengths):
+        for (prefix, label), style in zip(CURVES.items(), ("o-", "s--")):
+            points = curve(every, prefix, length)
+            if points:
+                axis.plot([p.msr for p in points], [p.retention for p in points], style, label=label, markersize=4)
+        for mode, marker, label in (("full", "k*", "full attention"), ("sparse", "kx", "all SSA")):
+            found = point(every, mode, length)
+            if found is not None:
+                axis.plot(found.msr, found.retention, marker, markersize=9, label=label)
+        for (label, rows), color in zip(rows_by_label.items(), ("C3", "C4", "C5", "C6", "C8", "C9")):
+            found = point(rows, "elastic", length)
+            if found is not None:
+                axis.plot(found.msr, found.retention, "D", color=color, markersize=8, label=f"elastic: {label}")
+        axis.set_title(f"{length // 1024}K tokens" if length % 1024 == 0 else f"{length} tokens")
+        axis.set_xlabel("average MSR (share of KV heads on sparse attention)")
+        axis.set_ylabel("mean retention (accuracy / full attention's)")
+        axis.set_xlim(-0.03, 1.03)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7, loc="lower left")
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)

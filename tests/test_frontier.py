@@ -1,0 +1,85 @@
+"""evaluation.frontier and scripts/frontier_report.py: retention points, curves, the sensitive target, the plot."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import load_script
+
+from elastic_attention.evaluation.frontier import curve, highest_msr_keeping, plot_pareto, point
+
+KINDS = {"needle": "sensitive", "chain": "sensitive", "recent": "robust"}
+FULL = {"needle": 1.0, "chain": 0.8, "recent": 0.5}
+#: mode -> (MSR, accuracy per task) at 16K
+MODES = {
+    "sparse": (1.0, {"needle": 0.0, "chain": 0.0, "recent": 0.5}),
+    "heads@0.25": (0.25, {"needle": 1.0, "chain": 0.8, "recent": 0.5}),
+    "heads@0.5": (0.5, {"needle": 1.0, "chain": 0.79, "recent": 0.55}),
+    "heads@0.75": (0.75, {"needle": 1.0, "chain": 0.4, "recent": 0.5}),
+    "static@0.5": (0.5, {"needle": 0.2, "chain": 0.0, "recent": 0.5}),
+    "elastic": (0.6, {"needle": 1.0, "chain": 0.8, "recent": 0.5}),
+}
+
+
+def rows(length=16384, modes=MODES):
+    made = [{"mode": "full", "task": task, "kind": KINDS[task], "length": length, "accuracy": FULL[task], "msr": 0.0}
+            for task in KINDS]
+    for mode, (msr, accuracy) in modes.items():
+        made += [{"mode": mode, "task": task, "kind": KINDS[task], "length": length, "accuracy": accuracy[task],
+                  "msr": msr + (0.1 if mode == "elastic" and KINDS[task] == "robust" else 0.0)} for task in KINDS]
+    return made
+
+
+def test_a_point_is_the_equal_weight_mean_of_each_tasks_retention():
+    found = point(rows(), "heads@0.5", 16384)
+    assert found.tasks == pytest.approx({"needle": 1.0, "chain": 0.79 / 0.8, "recent": 1.1})
+    assert found.retention == pytest.approx((1.0 + 0.79 / 0.8 + 1.1) / 3) and found.msr == 0.5
+    elastic = point(rows(), "elastic", 16384)
+    assert elastic.msr == pytest.approx((0.6 + 0.6 + 0.7) / 3)
+    assert point(rows(), "heads@0.5", 8192) is None  # no cells at that length
+    partial = [row for row in rows() if not (row["mode"] == "heads@0.5" and row["task"] == "chain")]
+    assert point(partial, "heads@0.5", 16384) is None  # a task without its cell leaves no point
+    assert [p.mode for p in curve(partial, "heads@", 16384)] == ["heads@0.25", "heads@0.75"]
+    zero = [dict(row, accuracy=0.0) if row["mode"] == "full" and row["task"] == "recent" else row for row in rows()]
+    assert math.isnan(point(zero, "heads@0.5", 16384).tasks["recent"])
+
+
+def test_the_target_is_the_last_point_of_an_unbroken_run_keeping_every_task():
+    points = curve(rows(), "heads@", 16384)
+    assert [p.mode for p in points] == ["heads@0.25", "heads@0.5", "heads@0.75"]
+    assert highest_msr_keeping(points, ["needle", "chain"], 0.98).mode == "heads@0.5"  # chain keeps 98.75%
+    assert highest_msr_keeping(points, ["needle", "chain"], 0.99).mode == "heads@0.25"
+    assert highest_msr_keeping(points, ["needle"], 0.98).mode == "heads@0.75"
+    dip = dict(MODES, **{"heads@0.25": (0.25, {"needle": 0.5, "chain": 0.8, "recent": 0.5})})
+    assert highest_msr_keeping(curve(rows(modes=dip), "heads@", 16384), ["needle"], 0.98) is None
+
+
+def test_the_report_and_the_plot(tmp_path):
+    report = load_script("frontier_report")
+    frontier = tmp_path / "frontier.json"
+    frontier.write_text(json.dumps({"results": [row for row in rows() + rows(8192) if row["mode"] != "elastic"]}))
+    router = tmp_path / "router.json"
+    router.write_text(json.dumps({"results": [row for row in rows() if row["mode"] == "elastic"]}))
+    text = report.main([str(frontier), "--router", f"run one={router}", "--plot", str(tmp_path / "pareto.png"),
+                        "--out", str(tmp_path / "frontier.md")])
+    assert "sensitive target at 16384 tokens: MSR 0.500 (heads@0.5 keeps >= 98% on chain, needle); at heads@0.75 " \
+           "chain keeps 50%" in text
+    assert "| heads@0.5 | 0.500 | 102.9% | 100% | 99% | 110% |" in text and "### 8K" in text
+    assert (tmp_path / "frontier.md").read_text() == text and (tmp_path / "pareto.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        report.main([str(frontier), "--router", str(router)])
+
+
+def test_the_plot_draws_every_router_run(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    drawn = []
+    original = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *args, **kwargs: drawn.append(kwargs.get("label")) or original(self, *args, **kwargs))
+    second = [dict(row, accuracy=row["accuracy"] / 2) if row["mode"] == "elastic" else row for row in rows()]
+    plot_pareto({"first": rows(), "second": second}, [16384], tmp_path / "p.png")
+    assert drawn == ["joint searched head set", "retrieval-score static hybrid", "full attention", "all SSA",
+                     "elastic: first", "elastic: second"]
