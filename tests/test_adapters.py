@@ -1,6 +1,7 @@
 """Router adapters: round trip, import of the reference implementation's checkpoints, refusals."""
 
 import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -209,3 +210,33 @@ def test_adapter_files_are_checked_and_named(tmp_path):
     weights_path.write_bytes(good_weights[:-40])
     with pytest.raises(AdapterMismatchError, match="cannot read .*router.safetensors as safetensors"):
         ea.load_router(tiny_model("llama"), tmp_path)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_non_finite_router_weights_are_refused_on_save_and_on_load(tmp_path, value):
+    """A diverged run's weights: saving them writes nothing, loading them (with a valid checksum, as a run would have
+    saved them before this check) attaches nothing; both name the tensor."""
+    from safetensors.torch import save as safetensors_bytes
+
+    model = ea.attach(tiny_model("llama"), CONFIG)
+    name, parameter = next(iter(ea.routers_of(model)[1].named_parameters()))
+    with torch.no_grad():
+        parameter.view(-1)[3] = value
+    with pytest.raises(AdapterMismatchError, match=f"refusing to save the routers: layers.1.{name} holds 1 NaN or "
+                                                   f"Inf value"):
+        ea.save_router(model, tmp_path / "adapter")
+    assert not (tmp_path / "adapter").exists()
+    with torch.no_grad():
+        parameter.view(-1)[3] = 0.0
+    ea.save_router(model, tmp_path / "adapter")
+    weights = load_file(tmp_path / "adapter" / "router.safetensors")
+    weights[f"layers.1.{name}"].view(-1)[3] = value
+    data = safetensors_bytes(weights, metadata={"format": "elastic-attention"})
+    (tmp_path / "adapter" / "router.safetensors").write_bytes(data)
+    document = json.loads((tmp_path / "adapter" / "elastic_config.json").read_text())
+    document["weights_sha256"] = hashlib.sha256(data).hexdigest()
+    (tmp_path / "adapter" / "elastic_config.json").write_text(json.dumps(document))
+    fresh = tiny_model("llama")
+    with pytest.raises(AdapterMismatchError, match=f"layers.1.{name} holds 1 NaN or Inf value"):
+        ea.load_router(fresh, tmp_path / "adapter")
+    assert not ea.is_attached(fresh)

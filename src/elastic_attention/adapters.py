@@ -71,9 +71,13 @@ def save_router(model: nn.Module, path: str | Path, state: dict[str, torch.Tenso
 
     Returns:
         The adapter folder.
+
+    Raises:
+        AdapterMismatchError: a router weight holds NaN or Inf (a diverged run); nothing is written.
     """
     path = Path(path)
     tensors = state if state is not None else router_state_dict(model)
+    check_finite(tensors, "refusing to save the routers")
     weights = safetensors_bytes(tensors, metadata={"format": "elastic-attention"})
     atomic_write_bytes(path / WEIGHTS_FILE, weights)
     document = {
@@ -280,7 +284,8 @@ def load_router_tensors(routers: dict, tensors: dict[str, torch.Tensor], source:
     """Copy ``tensors`` (keys ``layers.{i}.<name>``) into ``routers`` ({layer: router}), all or nothing.
 
     Raises:
-        AdapterMismatchError: a missing, unexpected or misshapen tensor (checked before anything is copied).
+        AdapterMismatchError: a missing, unexpected or misshapen tensor, or one holding NaN or Inf (checked before
+            anything is copied).
     """
     expected = {
         f"layers.{index}.{name}": parameter
@@ -300,6 +305,17 @@ def load_router_tensors(routers: dict, tensors: dict[str, torch.Tensor], source:
                 f"router weight {name} at {source} has shape {list(tensors[name].shape)}, "
                 f"the model's router expects {list(target.shape)}"
             )
+    check_finite(tensors, f"the router weights at {source} cannot be used")
     with torch.no_grad():
         for name, target in expected.items():
             target.copy_(tensors[name])
+
+
+def check_finite(tensors: dict[str, torch.Tensor], context: str) -> None:
+    """Raise AdapterMismatchError naming the first tensor that holds NaN or Inf (router weights of a run that
+    diverged: they would send whole layers to one side without any error)."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise AdapterMismatchError(f"{context}: {name} holds {bad} NaN or Inf value(s) of {tensor.numel()}; the "
+                                       f"training run that made them diverged: use an earlier checkpoint")
