@@ -18,7 +18,8 @@ import yaml
 from safetensors.torch import load_file
 
 from elastic_attention import ConfigError, InputError
-from elastic_attention.training import Row, SparsityObjective, TrainConfig, encode_row, pack_rows
+from elastic_attention.training import DataConfig, Row, SparsityObjective, TrainConfig, encode_row, pack_rows
+from elastic_attention.training.train_config import SUITE_TARGETS
 from elastic_attention.training.data import IGNORE_INDEX, EncodedRow, load_rows
 from elastic_attention.training.trainer import RouterTrainer
 
@@ -156,6 +157,35 @@ def test_config_validation_names_the_field(tmp_path):
     path.write_text("model: m\nsteps: 3\ndata: {rows: 8}\n")
     config = TrainConfig.from_yaml(path, ["steps=5", "data.budget=2048", "temperature.kind=exponential"])
     assert (config.steps, config.data.budget, config.data.rows, config.temperature.kind) == (5, 2048, 8, "exponential")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("temperature.start=abc", "`temperature.start` must be a number, got 'abc'"),
+    ("temperature.kind=3", "`temperature.kind` must be a string, got 3"),
+    ("data.budget=lots", "`data.budget` must be an integer, got 'lots'"),
+    ("data.lengths=[1024, x]", "`data.lengths` must be a list of int values"),
+    ("targets.needle_single=high", "`targets.needle_single` must be a number in \\[0, 1\\], got 'high'"),
+    ("targets.needle_single=1.5", "`targets.needle_single` must be a number in \\[0, 1\\], got 1.5"),
+    ("targets.needle_singel=0.5", "`targets` names tasks \\['needle_singel'\\] that are not in `data.tasks`; known: "
+                                  "\\['local_recall', 'needle_single'\\]"),
+    ("targets=0.7", "`targets` and `bounds` must be sections"),
+    ("bounds.needle_single=5", "`bounds.needle_single` must be a pair \\[lower, upper\\] of MSRs, got 5"),
+    ("bounds.needle_single=[0.2, x]", "`bounds.needle_single` must be a number in \\[0, 1\\], got 'x'"),
+    ("bounds.needle_single=[0.8, 0.2]", "`bounds.needle_single` must have lower <= upper"),
+    ("bounds.local_recal=[0.8, 1.0]", "`bounds` names tasks \\['local_recal'\\] that are not in `data.tasks`"),
+], ids=lambda value: value if "=" in value else "")
+def test_nested_settings_are_typed_and_their_tasks_checked(tmp_path, override, message):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: m\ndata: {tasks: [needle_single, local_recall]}\n"
+                    "targets: {needle_single: 0.7, local_recall: 1.0}\n")
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig.from_yaml(path, [override])
+
+
+def test_default_targets_are_the_papers_for_the_datas_tasks():
+    config = TrainConfig(model="m", data=DataConfig(tasks=("needle_single", "local_recall")))
+    assert config.targets == {"needle_single": 0.7, "local_recall": 1.0}
+    assert TrainConfig(model="m", data=DataConfig(source="rows.jsonl")).targets == SUITE_TARGETS
 
 
 def write_head_sets(path, sets):
@@ -565,8 +595,16 @@ def test_rows_in_the_authors_layout_load_as_their_training_reads_them(tmp_path, 
     (tmp_path / "bad.jsonl").write_text('{"context": "c", "question": "q", "answer": "a", "metadata": "{oops"}\n')
     with pytest.raises(InputError, match="bad.jsonl, line 1: `metadata` is neither a dict nor a dict literal"):
         load_rows(tmp_path / "bad.jsonl")
+    everything = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "everything", steps=2,
+                                                    data={"source": str(path), "budget": 600},
+                                                    targets=dict(REFERENCE_TARGETS), checkpoint_every=0))
+    with pytest.raises(ConfigError, match="`targets` names tasks \\['Code', 'In-Context Learning', 'MultiHop QA'\\] "
+                                          "that are not in the rows of .*theirs.parquet; known: \\['Other', "
+                                          "'Single QA', 'Summarization'\\]"):
+        train(everything, progress=False)
+    present = {task: REFERENCE_TARGETS[task] for task in ("Single QA", "Summarization", "Other")}
     config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "theirs", steps=2,
                                                 data={"source": str(path), "budget": 600},
-                                                targets=dict(REFERENCE_TARGETS), checkpoint_every=0))
+                                                targets=present, checkpoint_every=0))
     summary = train(config, progress=False)
     assert summary["steps"] == 2

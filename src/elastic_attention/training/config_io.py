@@ -42,16 +42,25 @@ def read_yaml(path: str | Path, overrides: list[str] | None = None) -> dict[str,
 
 def check_types(instance, prefix: str) -> None:
     """ConfigError naming a field whose value is not of its annotated type (int, float, bool, str, tuple of them)."""
+    check_field_types(type(instance), {item.name: getattr(instance, item.name)
+                                       for item in dataclasses.fields(instance)}, prefix)
+
+
+def check_field_types(kind, values: dict[str, Any], prefix: str) -> None:
+    """`check_types` on the ``values`` a dataclass ``kind`` is about to be built from (before its own checks
+    compare them)."""
     expected = {"int": int, "float": (int, float), "bool": bool, "str": str}
-    for item in dataclasses.fields(instance):
+    for item in dataclasses.fields(kind):
+        if item.name not in values:
+            continue
         annotation = item.type if isinstance(item.type, str) else getattr(item.type, "__name__", "")
-        value = getattr(instance, item.name)
+        value = values[item.name]
         if annotation.endswith("| None") and value is None:
             continue
         base = annotation.removesuffix(" | None")
         if base in expected:
-            kind = expected[base]
-            wrong = not isinstance(value, kind) or (base != "bool" and isinstance(value, bool))
+            kind_of_value = expected[base]
+            wrong = not isinstance(value, kind_of_value) or (base != "bool" and isinstance(value, bool))
             if wrong:
                 raise ConfigError(f"`{prefix}{item.name}` must be {_ARTICLE[base]}, got {value!r}{_yaml_hint(value)}")
         elif base.startswith("tuple[") and base.endswith(", ...]"):
@@ -59,6 +68,13 @@ def check_types(instance, prefix: str) -> None:
             if inner in expected and (not isinstance(value, (tuple, list)) or not all(
                     isinstance(v, expected[inner]) and not isinstance(v, bool) for v in value)):
                 raise ConfigError(f"`{prefix}{item.name}` must be a list of {inner} values, got {value!r}")
+
+
+def check_number(value, name: str, low: float = 0.0, high: float = 1.0) -> float:
+    """``value`` as a float when it is a number in [low, high]; ConfigError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ConfigError(f"`{name}` must be a number in [{low:g}, {high:g}], got {value!r}{_yaml_hint(value)}")
+    return float(value)
 
 
 _ARTICLE = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
@@ -87,6 +103,7 @@ def build_section(kind, value, name: str):
     if unknown:
         raise ConfigError(f"unknown `{name}` keys {unknown}; known: {sorted(known)}")
     value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+    check_field_types(kind, value, f"{name}.")
     return kind(**value)
 
 

@@ -13,7 +13,13 @@ from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import ConfigError
 from elastic_attention.head_sets import load_head_set
 from elastic_attention.router.temperature import TemperatureSchedule
-from elastic_attention.training.config_io import build_section, check_types, read_yaml, unknown_keys
+from elastic_attention.training.config_io import (
+    build_section,
+    check_number,
+    check_types,
+    read_yaml,
+    unknown_keys,
+)
 
 #: Paper targets: sparsity-robust tasks 1.0, sparsity-sensitive tasks 0.7.
 SUITE_TARGETS = {
@@ -30,6 +36,17 @@ LR_SCHEDULES = ("cosine", "constant")
 #: ``data.source`` values that generate rows from a task suite: source -> suite name
 #: (see `elastic_attention.evaluation.suites`); any other source is a local row file.
 SUITE_SOURCES = {"suite": "synthetic", "synthetic": "synthetic", "code": "code"}
+
+
+def check_task_names(sections: dict[str, dict], known, where: str) -> None:
+    """ConfigError naming every task of a per-task section (``targets``, ``bounds``: section name -> its mapping)
+    that is not among ``known`` (the tasks the data holds), with the known names: a misspelt task would otherwise
+    keep its default and train to the end."""
+    known = sorted(set(known))
+    for section, values in sections.items():
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(f"`{section}` names tasks {unknown} that are not {where}; known: {known}")
 
 
 @dataclass(frozen=True)
@@ -67,7 +84,8 @@ class TrainConfig:
         output_dir: run folder: checkpoints, logs, plots, the router adapter and the summary.
         elastic: the ElasticConfig fields for attach.
         data: see `DataConfig`.
-        targets: task -> target MSR.
+        targets: task -> target MSR; ``None``: the paper's (`SUITE_TARGETS`) for the data's suite tasks, or all of
+            them for a row file.
         bounds: task -> [lower, upper] MSR band (optional).
         linear_term: ``"signed"`` or ``"absolute"``.
         lm_loss: the LM term on the supervised (answer) tokens: ``"cross_entropy"`` against the row's answer (the
@@ -102,7 +120,7 @@ class TrainConfig:
     output_dir: str = "runs/router"
     elastic: dict[str, Any] = field(default_factory=dict)
     data: DataConfig = field(default_factory=DataConfig)
-    targets: dict[str, float] = field(default_factory=lambda: dict(SUITE_TARGETS))
+    targets: dict[str, float] | None = None
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     linear_term: str = "signed"
     lm_loss: str = "cross_entropy"
@@ -172,10 +190,15 @@ class TrainConfig:
             raise ConfigError(f"`lm_loss` must be one of {LM_LOSS_KINDS}, got {self.lm_loss!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"`lr_schedule` must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if self.targets is None:
+            paper = {task: SUITE_TARGETS[task] for task in self.data.tasks if task in SUITE_TARGETS}
+            object.__setattr__(self, "targets", paper if self.data.source in SUITE_SOURCES else dict(SUITE_TARGETS))
+        self._check_per_task_settings()
         if self.data.source in SUITE_SOURCES:
             missing = sorted(set(self.data.tasks) - set(self.targets))
             if missing:
                 raise ConfigError(f"suite tasks {missing} have no entry in `targets`")
+            check_task_names({"targets": self.targets, "bounds": self.bounds}, self.data.tasks, "in `data.tasks`")
         if not isinstance(self.elastic, dict):
             raise ConfigError(f"`elastic` must be a mapping of ElasticConfig fields, got {self.elastic!r}")
         known = {f.name for f in dataclasses.fields(ElasticConfig)}
@@ -183,6 +206,18 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown `elastic` keys {unknown}; known: {sorted(known)}")
         ElasticConfig(**self.elastic)
+
+    def _check_per_task_settings(self) -> None:
+        if not isinstance(self.targets, dict) or not isinstance(self.bounds, dict):
+            raise ConfigError("`targets` and `bounds` must be sections mapping task names to values")
+        for task, target in self.targets.items():
+            check_number(target, f"targets.{task}")
+        for task, band in self.bounds.items():
+            if not isinstance(band, (tuple, list)) or len(band) != 2:
+                raise ConfigError(f"`bounds.{task}` must be a pair [lower, upper] of MSRs, got {band!r}")
+            lower, upper = (check_number(value, f"bounds.{task}") for value in band)
+            if lower > upper:
+                raise ConfigError(f"`bounds.{task}` must have lower <= upper, got {list(band)}")
 
     @property
     def elastic_config(self) -> ElasticConfig:
@@ -206,8 +241,9 @@ class TrainConfig:
             data["data"] = build_section(DataConfig, data["data"], "data")
         if "temperature" in data:
             data["temperature"] = build_section(TemperatureSchedule, data["temperature"], "temperature")
-        if "bounds" in data:
-            data["bounds"] = {task: tuple(band) for task, band in data["bounds"].items()}
+        if isinstance(data.get("bounds"), dict):
+            data["bounds"] = {task: tuple(band) if isinstance(band, list) else band
+                              for task, band in data["bounds"].items()}
         return cls(**data)
 
     @classmethod

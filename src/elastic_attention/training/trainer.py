@@ -25,7 +25,7 @@ from elastic_attention.integration import attach, is_attached, routers_of, routi
 from elastic_attention.integration.runtime import NOISE_SEED_KWARG, PROMPT_LENGTHS_KWARG
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.checkpoint import flatten_optimizer, save_checkpoint, unflatten_optimizer
-from elastic_attention.training.train_config import SUITE_SOURCES, TrainConfig
+from elastic_attention.training.train_config import SUITE_SOURCES, SUITE_TARGETS, TrainConfig, check_task_names
 from elastic_attention.training.plots import plot_training, write_plot
 from elastic_attention.training.distributed import (
     copy_into,
@@ -169,6 +169,10 @@ class RouterTrainer:
             rows = [cell[index] for index in range(per_cell) for cell in cells][: data.rows]
         else:
             rows = load_rows(data.source)
+            named = {"bounds": self.config.bounds}
+            if self.config.targets != SUITE_TARGETS:  # the untouched default names every synthetic suite task
+                named["targets"] = self.config.targets
+            check_task_names(named, [row.task for row in rows], f"in the rows of {data.source}")
         self.objective.task_indices([row.task for row in rows])
         encoded = [encode_row(self.tokenizer, row) for row in rows]
         packs = pack_rows(encoded, data.budget, answer_only=data.answer_only, on_overlong=data.on_overlong)
