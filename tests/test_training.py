@@ -4,6 +4,7 @@ import csv
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -74,6 +75,50 @@ def test_jsonl_rows_and_their_errors(tmp_path):
     (tmp_path / "rows.csv").write_text("context,question\n")
     with pytest.raises(InputError, match="unsupported row file"):
         load_rows(tmp_path / "rows.csv")
+
+
+GOOD = {"context": "the cat sees a dog .", "question": "what ?", "answer": "v4", "task": "t"}
+#: id -> (line 3 of the file, what the message says after "FILE, line 3"); parquet: the cases a typed column holds
+BAD_ROWS = {
+    "not_json": ("not json", ": not JSON"),
+    "not_object": ('["a list"]', ": expected a JSON object, got list"),
+    "not_string": (json.dumps({**GOOD, "question": None}), ": `question` must be a string, got None"),
+    "missing": (json.dumps({key: value for key, value in GOOD.items() if key != "answer"}), ": no `answer` column"),
+    "instruction": (json.dumps({**GOOD, "instruction": 5}), ": `instruction` must be a string, got 5"),
+    "metadata": (json.dumps({"context": "c", "question": "q", "answer": "a", "metadata": "{oops"}),
+                 ": `metadata` is neither a dict nor a dict literal"),
+    "reference_column": (json.dumps({"context": None, "question": "q", "answer": "a", "metadata": "{}"}),
+                         ": `context` must be a string, got None"),
+    "overlong": (json.dumps({**GOOD, "context": "the cat sees a dog . " * 40}), ", \\d+ tokens\\); raise the budget"),
+}
+#: the cases a parquet file can hold (a column has one type; a key missing from a record reads as None), with what
+#: its message says instead where that differs
+PARQUET_ROWS = {"not_string": None, "missing": ": `answer` must be a string, got None", "overlong": None}
+
+
+@pytest.mark.parametrize("case", [*(("jsonl", name) for name in BAD_ROWS), *(("parquet", name) for name in PARQUET_ROWS)],
+                         ids="-".join)
+def test_every_bad_row_is_named_by_its_file_and_line(tmp_path, random_suite_backbone, case):
+    """Line 4 of a JSONL file (the blank line 2 counts), or row 3 of the same records in a parquet file; the
+    over-long row is found only when packing, from its encoding."""
+    from transformers import AutoTokenizer
+
+    kind, name = case
+    bad, detail = BAD_ROWS[name]
+    lines = [json.dumps(GOOD), "", json.dumps(GOOD), bad]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    where = "line 4"
+    if kind == "parquet":
+        from datasets import Dataset
+
+        records = [json.loads(line) for line in lines if line]
+        path, where, detail = tmp_path / "rows.parquet", "row 3", PARQUET_ROWS[name] or detail
+        Dataset.from_list([{key: record.get(key) for key in ("context", "question", "answer", "task")}
+                           for record in records]).to_parquet(path)
+    tokenizer = AutoTokenizer.from_pretrained(random_suite_backbone)
+    with pytest.raises(InputError, match=re.escape(f"{path}, {where}") + detail):
+        pack_rows([encode_row(tokenizer, row) for row in load_rows(path)], budget=120)
 
 
 def test_objective_value_and_gradients():

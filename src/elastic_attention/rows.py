@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_attention.chat import encode_chat
+from elastic_attention.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class Row:
         metadata: what a suite records about the row, e.g. ``length`` (rendered prompt tokens), ``seed``,
             ``evidence_spans`` or ``evidence_offsets``, ``depths`` and task-specific fields; empty for rows read
             from a file.
+        source: where a row read from a file comes from (``"rows.jsonl, line 3"``), for error messages; not part
+            of a row's equality.
     """
 
     context: str
@@ -34,6 +37,7 @@ class Row:
     task: str
     instruction: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    source: str = field(default="", compare=False)
 
     @property
     def prompt(self) -> str:
@@ -48,6 +52,7 @@ class EncodedRow:
     prompt_ids: list[int]
     answer_ids: list[int]
     task: str
+    source: str = field(default="", compare=False)
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.answer_ids)
@@ -59,5 +64,10 @@ def encode_row(tokenizer, row: Row) -> EncodedRow:
     Raises:
         InputError: the tokenizer has no chat template, or the rendered answer turn does not extend the prompt.
     """
-    prompt_ids, answer_ids = encode_chat(tokenizer, row.prompt, row.answer)
-    return EncodedRow(prompt_ids, answer_ids, row.task)
+    try:
+        prompt_ids, answer_ids = encode_chat(tokenizer, row.prompt, row.answer)
+    except InputError as error:
+        if not row.source:
+            raise
+        raise InputError(f"{row.source}: {error}") from None
+    return EncodedRow(prompt_ids, answer_ids, row.task, row.source)

@@ -65,20 +65,22 @@ def pack_rows(
             with how many rows were dropped. Rows are never cut.
 
     Raises:
-        InputError: a row longer than the budget with ``on_overlong="error"``, or a bad argument.
+        InputError: a row longer than the budget with ``on_overlong="error"`` (named by its file and line when it
+            came from a file, else by its 1-based place in ``rows``), or a bad argument.
     """
     if budget < 2:
         raise InputError(f"the packing budget must be at least 2 tokens, got {budget}")
     if on_overlong not in ("error", "skip"):
         raise InputError(f"on_overlong must be 'error' or 'skip', got {on_overlong!r}")
     overlong = {index for index, row in enumerate(rows) if len(row) > budget}
-    if overlong and on_overlong == "error":
-        raise InputError(
-            f"{len(overlong)} rows are longer than the packing budget of {budget} tokens (first: row {min(overlong)} "
-            f"with {len(rows[min(overlong)])} tokens); raise the budget or pass on_overlong='skip'"
-        )
     if overlong:
-        logger.warning("skipped %d rows longer than the packing budget of %d tokens", len(overlong), budget)
+        first = min(overlong)
+        named = rows[first].source or f"row {first + 1} of {len(rows)}"
+        summary = (f"{len(overlong)} rows are longer than the packing budget of {budget} tokens (first: {named}, "
+                   f"{len(rows[first])} tokens)")
+        if on_overlong == "error":
+            raise InputError(f"{summary}; raise the budget or pass on_overlong='skip'")
+        logger.warning("skipped %s", summary)
     packs, current = [], []
     for index, row in enumerate(rows):
         if index in overlong:
@@ -122,7 +124,8 @@ def load_rows(path: str | Path) -> list[Row]:
 
     Raises:
         InputError: a missing file, a line that is not a JSON object, a missing or non-string column, or an
-            unsupported file type; the message names the file and the line (JSONL) or record (parquet).
+            unsupported file type; the message names the file and the 1-based line (JSONL) or row (parquet). Each
+            row keeps that place as its ``source`` for later errors (an over-long row, a failed encoding).
     """
     path = Path(path)
     if not path.is_file():
@@ -136,14 +139,15 @@ def load_rows(path: str | Path) -> list[Row]:
         except ImportError as error:
             raise InputError("reading parquet needs `datasets`: pip install 'elastic-attention[train]'") from error
         records = [(number, record) for number, record in
-                   enumerate(load_dataset("parquet", data_files=str(path), split="train"))]
-        where = "record"
+                   enumerate(load_dataset("parquet", data_files=str(path), split="train"), 1)]
+        where = "row"
     else:
         raise InputError(f"unsupported row file {path.name!r}: use .jsonl or .parquet")
     rows = []
     for number, record in records:
+        source = f"{path}, {where} {number}"
         if "task" not in record and "metadata" in record:
-            rows.append(_reference_row(record, f"{path}, {where} {number}"))
+            rows.append(_reference_row(record, source))
             continue
         for key in ("context", "question", "answer", "task"):
             if key not in record:
@@ -154,7 +158,8 @@ def load_rows(path: str | Path) -> list[Row]:
         instruction = record.get("instruction")
         if instruction is not None and not isinstance(instruction, str):
             raise InputError(f"{path}, {where} {number}: `instruction` must be a string, got {instruction!r}")
-        rows.append(Row(record["context"], record["question"], record["answer"], record["task"], instruction or ""))
+        rows.append(Row(record["context"], record["question"], record["answer"], record["task"], instruction or "",
+                        source=source))
     if not rows:
         raise InputError(f"{path} holds no rows")
     return rows
@@ -195,9 +200,9 @@ def _reference_row(record: dict, where: str) -> Row:
     prefix, suffix = _REFERENCE_INSTRUCTIONS.get(task, ("", ""))
     if metadata.get("is_prefix", True):
         instruction = "\n".join(part for part in (prefix, clean["question"]) if part)
-        return Row(clean["context"], suffix, clean["answer"], task, instruction)
+        return Row(clean["context"], suffix, clean["answer"], task, instruction, source=where)
     question = "\n".join(part for part in (clean["question"], suffix) if part)
-    return Row(clean["context"], question, clean["answer"], task, prefix)
+    return Row(clean["context"], question, clean["answer"], task, prefix, source=where)
 
 
 def _jsonl_records(path: Path):
