@@ -240,3 +240,16 @@ def test_non_finite_router_weights_are_refused_on_save_and_on_load(tmp_path, val
     with pytest.raises(AdapterMismatchError, match=f"layers.1.{name} holds 1 NaN or Inf value"):
         ea.load_router(fresh, tmp_path / "adapter")
     assert not ea.is_attached(fresh)
+
+
+def test_save_router_replaces_another_adapter_only_when_told(tmp_path):
+    model = ea.attach(tiny_model("llama"), CONFIG)
+    ea.save_router(model, tmp_path / "adapter")
+    ea.save_router(model, tmp_path / "adapter")  # the same weights: nothing to lose
+    with torch.no_grad():
+        next(ea.routers_of(model)[0].parameters()).add_(1.0)
+    with pytest.raises(ea.ConfigError, match="holds another router adapter; pass overwrite=True"):
+        ea.save_router(model, tmp_path / "adapter")
+    ea.save_router(model, tmp_path / "adapter", overwrite=True)
+    fresh = ea.load_router(tiny_model("llama"), tmp_path / "adapter")
+    torch.testing.assert_close(next(ea.routers_of(fresh)[0].parameters()), next(ea.routers_of(model)[0].parameters()))

@@ -125,3 +125,26 @@ def test_models_cli_lists_the_known_models(capsys):
     assert "qwen2.5-coder-1.5b-instruct: Qwen2.5-Coder-1.5B-Instruct" in listed
     assert cli_main(["models", "fetch"]) == 2
     assert "needs a model name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    (lambda out: (out.mkdir(), (out / "notes.txt").write_text("mine")), "holds files that `models fetch` did not write"),
+    (lambda out: (out.mkdir(), (out / models.MARKER_FILE).write_text(json.dumps({"model": "other-model"}))),
+     "holds other-model; give another folder for fake-model"),
+    (lambda out: out.write_text("a file"), "is a file; give a new folder"),
+], ids=["foreign_files", "another_model", "a_file"])
+def test_fetch_refuses_an_out_that_is_not_its_own(fake, setup, message):
+    """Nothing is downloaded and what was there is untouched."""
+    source, parts, converted, tmp_path = fake
+    out = tmp_path / "model"
+    setup(out)
+    before = sorted(p.name for p in out.iterdir()) if out.is_dir() else out.read_text()
+    calls: list[str] = []
+    with pytest.raises(InputError, match=message):
+        models.fetch_model(source.name, out, cache_dir=tmp_path / "cache", download=_downloader(parts, calls))
+    assert calls == [] and converted == []
+    assert (sorted(p.name for p in out.iterdir()) if out.is_dir() else out.read_text()) == before
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    models.fetch_model(source.name, empty, cache_dir=tmp_path / "cache", download=_downloader(parts, calls))
+    assert (empty / "model.safetensors").is_file()

@@ -169,3 +169,33 @@ def test_plain_folders_take_an_adapter_and_unwritable_settings_are_named(tmp_pat
         ea.save_pretrained(model, tmp_path / "theirs", format="reference")  # block 8 cannot be written
     with pytest.raises(ConfigError, match="format must be 'adapter' or 'reference'"):
         ea.save_pretrained(model, tmp_path / "x", format="gguf")
+
+
+def test_saving_over_an_earlier_save_leaves_no_stale_file_a_loader_prefers(tmp_path, monkeypatch):
+    """Oracle: their checkpoint's own logits. An earlier sharded save (index + shards) under the same folder is
+    replaced whole: a stale index naming deleted shards would load the base weights with random routers. A router
+    adapter is never written into a model folder, where their loader would read the model's routers instead."""
+    write_their_layout(tmp_path / "theirs", "qwen3")
+    model = ea.from_pretrained(tmp_path / "theirs", backend="reference")
+    ids = torch.randint(3, 97, (1, 300), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits = model(ids, use_cache=False).logits
+    target = tmp_path / "again"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-00001-of-00002"}}))
+    (target / "model-00001-of-00002.safetensors").write_bytes(b"stale")
+    ea.save_pretrained(model, target, format="reference")
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    with torch.no_grad():
+        torch.testing.assert_close(ea.from_pretrained(target, backend="reference")(ids, use_cache=False).logits,
+                                   logits, rtol=0, atol=0)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("keep")
+    with pytest.raises(ConfigError, match="holds files but no config.json: it is not a saved model"):
+        ea.save_pretrained(model, tmp_path / "notes", format="reference")
+    with pytest.raises(ConfigError, match="holds files that are not a router adapter \\(config.json, "
+                                          "generation_config.json, model.safetensors\\); a loader could read them"):
+        ea.save_router(model, tmp_path / "theirs")
+    assert (tmp_path / "notes" / "mine.txt").read_text() == "keep"
+

@@ -61,24 +61,29 @@ def router_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_router(model: nn.Module, path: str | Path, state: dict[str, torch.Tensor] | None = None) -> Path:
+def save_router(model: nn.Module, path: str | Path, state: dict[str, torch.Tensor] | None = None, *,
+                overwrite: bool = False) -> Path:
     """Save the routers of an attached model as an adapter folder (files written atomically).
 
     Args:
         model: the attached model.
-        path: adapter folder.
+        path: adapter folder: new, empty, or holding an adapter.
         state: weights from `router_state_dict`, when they were gathered beforehand (distributed runs).
+        overwrite: replace an adapter with other weights that is already there.
 
     Returns:
         The adapter folder.
 
     Raises:
         AdapterMismatchError: a router weight holds NaN or Inf (a diverged run); nothing is written.
+        ConfigError: ``path`` holds files an adapter does not (a model, another tool's checkpoint: a loader could
+            read them instead of the adapter), or another adapter and ``overwrite`` is False.
     """
     path = Path(path)
     tensors = state if state is not None else router_state_dict(model)
     check_finite(tensors, "refusing to save the routers")
     weights = safetensors_bytes(tensors, metadata={"format": "elastic-attention"})
+    _check_adapter_folder(path, weights, overwrite)
     atomic_write_bytes(path / WEIGHTS_FILE, weights)
     document = {
         "format_version": ADAPTER_FORMAT_VERSION,
@@ -88,6 +93,23 @@ def save_router(model: nn.Module, path: str | Path, state: dict[str, torch.Tenso
     }
     atomic_write_text(path / CONFIG_FILE, json.dumps(document, indent=2, sort_keys=True))
     return path
+
+
+def _check_adapter_folder(path: Path, weights: bytes, overwrite: bool) -> None:
+    if not path.is_dir():
+        if path.exists():
+            raise ConfigError(f"{path} is a file; save the adapter into a folder")
+        return
+    others = sorted(entry.name for entry in path.iterdir()
+                    if entry.name not in (CONFIG_FILE, WEIGHTS_FILE) and not entry.name.startswith("."))
+    if others:
+        raise ConfigError(f"{path} holds files that are not a router adapter ({', '.join(others[:6])}"
+                          f"{' ...' if len(others) > 6 else ''}); a loader could read them instead of the routers: "
+                          f"save the adapter into a new or empty folder")
+    existing = path / WEIGHTS_FILE
+    if existing.is_file() and not overwrite and existing.read_bytes() != weights:
+        raise ConfigError(f"{path} holds another router adapter; pass overwrite=True to replace it, or save into "
+                          f"another folder")
 
 
 #: What a reference checkpoint's tensors pin down (their other settings live outside the tensors).

@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--config", help="a training config whose `elastic` settings attach the model when no "
                                            "--router is given (default: sink 64 + local 256 in blocks of 64)")
     evaluate.add_argument("--out", default="eval_out", help="folder for eval.json, eval.md and accuracy_vs_msr.png")
+    evaluate.add_argument("--overwrite", action="store_true",
+                          help="replace the results of an evaluation with other settings in --out")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--batch-size", type=positive_int, default=8)
     evaluate.add_argument("--device", help="cpu or cuda (default: cuda when available)")
@@ -198,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
                 args.model, router=args.router, modes=args.modes, tasks=tasks, lengths=args.lengths,
                 samples=args.samples, out=args.out,
                 static_msr=args.static_msr, seed=args.seed, batch_size=args.batch_size, device=args.device,
-                dtype=args.dtype, head_set=head_set, head_set_msr=args.head_set_msr, **config,
+                dtype=args.dtype, head_set=head_set, head_set_msr=args.head_set_msr, overwrite=args.overwrite,
+                **config,
             )
         )
     elif args.command == "eval-merge":

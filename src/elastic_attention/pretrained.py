@@ -25,7 +25,7 @@ from elastic_attention.adapters import (
 from elastic_attention.errors import AdapterMismatchError, ConfigError
 from elastic_attention.integration import attach, routers_of, runtime_of
 from elastic_attention.integration.attach import ROUTER_ATTRIBUTE
-from elastic_attention.io import atomic_write_text
+from elastic_attention.io import atomic_folder, atomic_write_text
 from elastic_attention.reference_format import (
     TRAINING_FIELDS,
     elastic_config_from_reference,
@@ -93,34 +93,42 @@ def from_pretrained(path: str | Path, router: str | Path | None = None, backend:
     return load_router(model, router, backend=backend)
 
 
-def save_pretrained(model: nn.Module, path: str | Path, format: str = "adapter") -> Path:
+def save_pretrained(model: nn.Module, path: str | Path, format: str = "adapter", *, overwrite: bool = False) -> Path:
     """Save an attached model.
 
-    - ``format="adapter"`` (default): the routers alone, as `save_router` writes them (``path`` is the adapter).
+    - ``format="adapter"`` (default): the routers alone, as `save_router` writes them (``path`` is the adapter;
+      ``overwrite`` replaces another adapter there).
     - ``format="reference"``: the authors' layout: the base model's weights and config, the router tensors under
       their names in the same safetensors set, their config fields and architecture, so that their evaluation can
-      load it. `from_pretrained` reads it back with the same routing.
+      load it. `from_pretrained` reads it back with the same routing. The folder is written beside ``path`` and
+      renamed into place, so an earlier save there (a sharded one's index and shards included) is replaced as a
+      whole and no stale file remains for a loader to prefer.
 
     Raises:
-        ConfigError: an unknown format, or settings the authors' layout cannot express (named).
+        ConfigError: an unknown format, settings the authors' layout cannot express (named), or (reference) a
+            non-empty ``path`` that is not a model folder (no config.json), or (adapter) see `save_router`.
     """
     path = Path(path)
     if format == "adapter":
-        return save_router(model, path)
+        return save_router(model, path, overwrite=overwrite)
     if format != "reference":
         raise ConfigError(f"format must be 'adapter' or 'reference', got {format!r}")
     config = runtime_of(model).config
     fields = reference_fields(config, model.config.model_type)
+    if path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
+        raise ConfigError(f"{path} holds files but no config.json: it is not a saved model, and saving would replace "
+                          f"all of it; save into a new or empty folder")
     base_state = {name: tensor for name, tensor in model.state_dict().items() if f".{ROUTER_ATTRIBUTE}." not in name}
-    model.save_pretrained(path, state_dict=base_state)
-    routers = {}
-    for name, tensor in router_state_dict(model).items():
-        _, layer, rest = name.split(".", 2)
-        routers[reference_name(int(layer), rest)] = tensor
-    _add_to_weights(path, routers)
-    document = json.loads((path / "config.json").read_text())
-    document.update(fields)
-    atomic_write_text(path / "config.json", json.dumps(document, indent=2, sort_keys=True))
+    with atomic_folder(path, f".{path.name}.saving-") as staging:
+        model.save_pretrained(staging, state_dict=base_state)
+        routers = {}
+        for name, tensor in router_state_dict(model).items():
+            _, layer, rest = name.split(".", 2)
+            routers[reference_name(int(layer), rest)] = tensor
+        _add_to_weights(staging, routers)
+        document = json.loads((staging / "config.json").read_text())
+        document.update(fields)
+        atomic_write_text(staging / "config.json", json.dumps(document, indent=2, sort_keys=True))
     return path
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -12,7 +13,7 @@ from torch import nn
 
 from elastic_attention.adapters import load_router
 from elastic_attention.config import ElasticConfig
-from elastic_attention.errors import InputError
+from elastic_attention.errors import ConfigError, InputError
 from elastic_attention.evaluation.head_ranking import retrieval_scores, static_routing
 from elastic_attention.evaluation.reporting import command_and_date, write_json, write_table_and_plot
 from elastic_attention.evaluation.runner import (
@@ -25,6 +26,7 @@ from elastic_attention.evaluation.runner import (
     suite_rows,
 )
 from elastic_attention.evaluation.suites import get_suite, suite_of
+from elastic_attention.folders import FolderLock, delete_moved, move_aside
 from elastic_attention.head_sets import HeadSets
 from elastic_attention.integration import attach, runtime_of
 
@@ -212,28 +214,81 @@ def run_eval_command(
     head_set: HeadSets | None = None,
     head_set_msr: float | None = None,
     config: ElasticConfig = DEFAULT_EVAL_CONFIG,
+    overwrite: bool = False,
 ) -> str:
     """Everything `elastic-attention eval` does; returns the printed table. ``config`` attaches the model when
-    there is no ``router``."""
-    model, tokenizer = load_backbone(model_dir, device, dtype)
+    there is no ``router``. The ``out`` folder is claimed before the model loads (`claim_eval_folder`)."""
     out_dir = Path(out)
-    header = {
-        **command_and_date(),
-        "device": _device_name(next(model.parameters()).device),
-        "model": str(model_dir),
-        "router": router,
-        "seed": seed,
-    }
+    settings = json.loads(json.dumps({
+        "model": str(model_dir), "router": None if router is None else str(router), "modes": list(modes),
+        "tasks": list(tasks), "lengths": list(lengths), "samples": samples, "seed": seed, "static_msr": static_msr,
+        "head_set": None if head_set is None else head_set.source, "head_set_msr": head_set_msr, "dtype": dtype,
+        "config": None if router is not None else config.to_dict(),
+    }))
+    lock = claim_eval_folder(out_dir, settings, overwrite)
+    try:
+        model, tokenizer = load_backbone(model_dir, device, dtype)
+        header = {
+            **command_and_date(),
+            "device": _device_name(next(model.parameters()).device),
+            "model": str(model_dir),
+            "router": router,
+            "seed": seed,
+            "settings": settings,
+        }
 
-    def save(results: list[CellResult], context: dict) -> None:
-        write_json(results, out_dir / "eval.json", **header, **context)
+        def save(results: list[CellResult], context: dict) -> None:
+            write_json(results, out_dir / "eval.json", **header, **context)
 
-    results, context = evaluate_model(
-        model, tokenizer, router=router, modes=modes, tasks=tasks, lengths=lengths, samples=samples,
-        static_msr=static_msr, head_set=head_set, head_set_msr=head_set_msr, config=config, seed=seed,
-        batch_size=batch_size, on_cell=save,
-    )
-    return write_table_and_plot(results, out_dir)
+        results, context = evaluate_model(
+            model, tokenizer, router=router, modes=modes, tasks=tasks, lengths=lengths, samples=samples,
+            static_msr=static_msr, head_set=head_set, head_set_msr=head_set_msr, config=config, seed=seed,
+            batch_size=batch_size, on_cell=save,
+        )
+        return write_table_and_plot(results, out_dir)
+    finally:
+        lock.release()
+
+
+#: What `run_eval_command` writes into its folder.
+EVAL_OUTPUTS = ("eval.json", "eval.md", "accuracy_vs_msr.png")
+
+
+def claim_eval_folder(out_dir: Path, settings: dict, overwrite: bool) -> FolderLock:
+    """Make ``out_dir`` this evaluation's before any work: writable, held by this process, and cleared of an
+    earlier evaluation's files as a whole, so its eval.json, eval.md and plot never describe different runs. An
+    earlier evaluation with the same ``settings`` (a rerun, say after a cut) is replaced; one with other settings
+    only with ``overwrite``.
+
+    Returns:
+        The held lock (release it when the evaluation ends).
+
+    Raises:
+        ConfigError: the folder cannot be written, another process holds it, or it holds another evaluation's
+            results and ``overwrite`` is False.
+    """
+    lock = FolderLock(out_dir, "an evaluation").acquire()
+    try:
+        found = [name for name in EVAL_OUTPUTS if (out_dir / name).exists() or (out_dir / name).is_symlink()]
+        if found and not overwrite:
+            previous = _settings_of(out_dir / "eval.json")
+            if previous != settings:
+                differing = sorted(key for key in settings if previous is None or previous.get(key) != settings[key])
+                raise ConfigError(f"{out_dir} holds the results of another evaluation ({', '.join(found)}; settings "
+                                  f"that differ: {', '.join(differing) if previous else 'unknown'}); pass "
+                                  f"--overwrite to replace them, or choose another --out")
+        delete_moved(move_aside(out_dir, found))
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _settings_of(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("settings")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _progress(total: int, enabled: bool):

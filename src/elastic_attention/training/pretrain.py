@@ -74,6 +74,7 @@ class PretrainRecipe:
         self.history: list[dict] = []
         self.started = time.perf_counter()
         self._open: list[Any] = []  # the loader, progress bar and tensorboard writer of `train`, for `cleanup`
+        self._lock = None  # the run folder's, held from `setup` to `cleanup`
 
     # -- setup -------------------------------------------------------------------------------------------------
 
@@ -91,8 +92,8 @@ class PretrainRecipe:
             raise ConfigError("pretraining runs in one process on one device; start it without torchrun")
         if config.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("`device` is cuda but torch sees no CUDA device; set device=cpu or device=auto")
-        claim_run_folder(self.output_dir, resume=resume, overwrite=overwrite, is_main=True,
-                         entries=PRETRAIN_RUN_ENTRIES)
+        self._lock = claim_run_folder(self.output_dir, resume=resume, overwrite=overwrite, is_main=True,
+                                      entries=PRETRAIN_RUN_ENTRIES)
         self.device = training_device(config.device, 0)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -270,8 +271,12 @@ class PretrainRecipe:
         return summary
 
     def cleanup(self) -> None:
-        """Stop the data-loader workers and close the progress bar and tensorboard writer (after an error too)."""
+        """Stop the data-loader workers, close the progress bar and tensorboard writer and let go of the run folder
+        (after an error too)."""
         self._close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _close(self) -> None:
         for item in self._open:

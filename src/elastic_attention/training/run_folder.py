@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_attention.errors import ConfigError
+from elastic_attention.folders import FolderLock, delete_moved, move_aside
 from elastic_attention.training.checkpoint import load_latest
 
 logger = logging.getLogger(__name__)
@@ -26,31 +27,41 @@ MODEL_STAGING = ".staging-model-"
 
 
 def claim_run_folder(folder: Path, *, resume: bool, overwrite: bool, is_main: bool,
-                     entries: tuple[str, ...] = RUN_ENTRIES) -> None:
-    """Make ``folder`` this run's: refuse a folder that holds another run (any of ``entries``, what a run writes)
-    unless ``overwrite`` (then the old run's files go, together), and clear the half-written folders (checkpoints,
-    a saved model) a killed run left.
+                     entries: tuple[str, ...] = RUN_ENTRIES) -> FolderLock | None:
+    """Make ``folder`` this run's: writable, held by this process alone (the main process holds the lock until
+    the returned lock is released or the process ends), not holding another run (any of ``entries``, what a run
+    writes) unless ``overwrite``, and cleared of the half-written folders (checkpoints, a saved model) a killed run
+    left. An overwritten run's files are moved aside together (links moved, never followed) and deleted once this
+    run holds the folder.
+
+    Returns:
+        The held lock on the main process, None on the others.
 
     Raises:
-        ConfigError: another run is there (and neither ``resume`` nor ``overwrite``), or both were asked.
+        ConfigError: the folder cannot be written, another process holds it, another run is there (and neither
+            ``resume`` nor ``overwrite``), or both were asked.
     """
     if resume and overwrite:
         raise ConfigError("--resume continues the run in the folder and --overwrite replaces it: choose one")
-    found = [name for name in entries if (folder / name).exists()]
-    if found and not resume and not overwrite:
-        raise ConfigError(
-            f"{folder} holds another run ({', '.join(found)}); pass --overwrite to replace it, --resume to continue "
-            "it, or choose another output_dir"
-        )
-    if not is_main:
-        return
-    if found and overwrite:
-        for name in found:
-            path = folder / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-        logger.warning("--overwrite: removed the previous run's %s from %s", ", ".join(found), folder)
-    for leftover in [*(folder / "checkpoints").glob(".staging-*"), *folder.glob(MODEL_STAGING + "*")]:
-        shutil.rmtree(leftover, ignore_errors=True)
+    lock = FolderLock(folder, "a training run").acquire() if is_main else None
+    try:
+        found = [name for name in entries if (folder / name).exists() or (folder / name).is_symlink()]
+        if found and not resume and not overwrite:
+            raise ConfigError(
+                f"{folder} holds another run ({', '.join(found)}); pass --overwrite to replace it, --resume to "
+                "continue it, or choose another output_dir"
+            )
+        if is_main:
+            if found and overwrite:
+                delete_moved(move_aside(folder, found))
+                logger.warning("--overwrite: removed the previous run's %s from %s", ", ".join(found), folder)
+            for leftover in [*(folder / "checkpoints").glob(".staging-*"), *folder.glob(MODEL_STAGING + "*")]:
+                shutil.rmtree(leftover, ignore_errors=True)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return lock
 
 
 def check_resumable(saved: dict[str, Any], current: dict[str, Any], source: Path,

@@ -63,6 +63,7 @@ class RouterTrainer:
         self.rank, self.world_size = distributed_rank()
         self.step = 0
         self.history: list[dict] = []
+        self._lock = None
 
     # -- setup -------------------------------------------------------------------------------------------------
 
@@ -72,7 +73,7 @@ class RouterTrainer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         config = self.config
-        claim_run_folder(self.output_dir, resume=resume, overwrite=overwrite, is_main=self.rank == 0)
+        self._lock = claim_run_folder(self.output_dir, resume=resume, overwrite=overwrite, is_main=self.rank == 0)
         self.device = training_device(config.device, self.rank)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         torch.manual_seed(config.seed)
@@ -377,7 +378,7 @@ class RouterTrainer:
         state = router_state_dict(self.model)
         if self.rank != 0:
             return summary
-        adapter = save_router(self.model, self.output_dir / "router", state)
+        adapter = save_router(self.model, self.output_dir / "router", state, overwrite=True)  # this run's folder
         summary = {**summary, "adapter": str(adapter), "config": self.config.to_dict()}
         atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
         write_plot(plot_training, self.history, self.output_dir)
@@ -386,6 +387,9 @@ class RouterTrainer:
     def cleanup(self) -> None:
         if self.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _bar(self):
         if not self.progress or self.rank != 0:
