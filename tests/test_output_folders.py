@@ -85,6 +85,22 @@ def test_unwritable_outputs_fail_before_the_model_loads(tmp_path, capsys, monkey
     assert len(error) == 1 and f"cannot write {'a training run' if command == 'train' else 'an evaluation'} to {out}" in error[0]
 
 
+@pytest.mark.parametrize("argv", [
+    ["demo", "--out", "{out}"],
+    ["eval-merge", "{json}", "--out", "{out}"],
+    ["bench", "layer", "--lengths", "256", "--out", "{out}/layer.json"],
+    ["models", "fetch", "qwen2.5-coder-0.5b-instruct", "--out", "{out}/model"],
+], ids=["demo", "eval-merge", "bench", "models-fetch"])
+def test_every_command_checks_its_output_folder_first(tmp_path, capsys, argv):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "eval.json").write_text(json.dumps({"results": []}))
+    out = tmp_path / "file" / "out"
+    argv = [item.format(out=out, json=tmp_path / "eval.json") for item in argv]
+    assert cli_main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "cannot write" in error[0] and "Not a directory" in error[0]
+
+
 def test_a_second_training_run_into_a_held_folder_is_refused(tmp_path, random_suite_backbone):
     from elastic_attention.training import TrainConfig, train
 

@@ -143,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     for module in ("yaml", "matplotlib") if args.command in ("train", "pretrain", "eval", "eval-merge", "demo") else ():
         if importlib.util.find_spec(module) is None:
             raise InputError(f"`elastic-attention {args.command}` needs {module}: pip install 'elastic-attention[train]'")
+    _check_outputs(args)
     if args.command == "bench":
         module = args.benchmark.replace("-", "_")
         importlib.import_module(f"elastic_attention.bench.{module}").main(args.options)
@@ -241,6 +242,23 @@ def run(args: argparse.Namespace) -> int:
             out = fetch_model(args.name, args.out or f"artifacts/{args.name}", cache_dir=args.cache, gguf_file=args.gguf)
             print(f"{args.name} is ready at {out}")
     return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Check every output folder of a command that writes one (train and pretrain check theirs as they claim them,
+    eval as it claims --out) before any work: exit 2 and one line when it cannot be written."""
+    from elastic_attention.folders import check_writable
+
+    if args.command in ("demo", "eval-merge"):
+        check_writable(args.out, f"the {args.command} results")
+    elif args.command == "models" and args.action == "fetch" and args.name:
+        check_writable(Path(args.out or f"artifacts/{args.name}").parent, "the model")
+    elif args.command == "bench":
+        options = args.options
+        outs = [options[i + 1] for i, item in enumerate(options[:-1]) if item == "--out"]
+        outs += [item.split("=", 1)[1] for item in options if item.startswith("--out=")]
+        for out in outs:
+            check_writable(Path(out).parent, "the benchmark's results")
 
 
 def _require_model_folder(path: str) -> None:
