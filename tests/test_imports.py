@@ -73,3 +73,14 @@ def test_routing_and_hybrid_attention_import_no_hooks_cache_or_training():
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("elastic_attention."):
                 name = node.module.removeprefix("elastic_attention.")
                 assert name.startswith(allowed), f"{relative} imports elastic_attention.{name}"
+
+
+def test_the_command_line_answers_help_and_version_without_torch():
+    """`--help` and `--version` parse arguments only: neither torch nor transformers is imported for them."""
+    code = ("import sys; from elastic_attention.cli import main\n"
+            "for argv in (['--help'], ['--version'], ['eval', '--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print('LOADED', sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "elastic-attention 0.1.0" in result.stdout and "usage: elastic-attention eval" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "LOADED []"

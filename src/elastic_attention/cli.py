@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command (argument types validate their values)."""
     parser = argparse.ArgumentParser(prog="elastic-attention", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    from elastic_attention import __version__
+
+    parser.add_argument("--version", action="version", version=f"elastic-attention {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
