@@ -21,6 +21,8 @@ from elastic_attention.training import TrainConfig
 from elastic_attention.training.pretrain_config import PretrainConfig
 from elastic_attention.training.data import load_rows
 
+TESTS = str(Path(__file__).resolve().parent)
+TINY_BACKBONE = Path(__file__).resolve().parents[1] / "src" / "elastic_attention" / "assets" / "backbone_tiny"
 TINY_SUITE = str(Path(__file__).resolve().parents[1] / "configs" / "tiny_suite.yaml")
 BACKBONE_TINY = str(Path(__file__).resolve().parents[1] / "configs" / "backbone_tiny.yaml")
 SMALL = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
@@ -143,7 +145,14 @@ CLI_CASES = {
     "no tasks": (["eval", "--model", "x", "--tasks", ","], "no tasks given"),
     "a bad length": (["eval", "--model", "x", "--lengths", "4kk"], "cannot read length '4kk'"),
     "elastic without routers": (["eval", "--model", "x", "--modes", "elastic"], "pass --router"),
-    "a missing model": (["eval", "--model", "no/such/model"], "no such folder"),
+    "a missing model": (["eval", "--model", "no/such/model"], "no such folder; give a local Hugging Face model"),
+    "a hub name to try": (["try", "--model", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "--router", "r"],
+                          "`elastic-attention models fetch NAME` writes one to artifacts/NAME (NAME: "
+                          "qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct)"),
+    "a hub name to generate": (["generate", "--model", "gpt2", "--prompt", "hi"], "--model gpt2: no such folder"),
+    "a folder without a model": (["eval", "--model", TESTS], f"--model {TESTS}: a folder without config.json"),
+    "a missing router": (["try", "--model", str(TINY_BACKBONE), "--router", "no/router"],
+                         "--router no/router: no such adapter folder"),
     "a bad override": (["train", TINY_SUITE, "steps=abc"], "`steps` must be an integer"),
     "an unknown elastic key": (["train", TINY_SUITE, "--resume", "elastic.sinks=3"],
                                "unknown `elastic` keys ['sinks']"),

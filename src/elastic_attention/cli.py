@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
             from elastic_attention.training.train_config import TrainConfig
 
             config = {"config": TrainConfig.from_yaml(args.config).elastic_config}
-        _require_model_folder(args.model)
+        _require_model_folder(args.model, args.router)
         print(
             run_eval_command(
                 args.model, router=args.router, modes=args.modes, tasks=tasks, lengths=args.lengths,
@@ -216,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
         from elastic_attention.evaluation.pipeline import resolve_tasks
         from elastic_attention.evaluation.showcase import run_try_command
 
+        _require_model_folder(args.model, args.router)
         print(
             run_try_command(
                 args.model, router=args.router, tasks=resolve_tasks(_split(args.tasks), args.suite),
@@ -226,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.command == "generate":
         from elastic_attention.evaluation.showcase import run_generate_command
 
-        _require_model_folder(args.model)
+        _require_model_folder(args.model, args.router)
         prompt = Path(args.file).read_text(encoding="utf-8") if args.file else args.prompt
         print(
             run_generate_command(
@@ -264,9 +265,21 @@ def _check_outputs(args: argparse.Namespace) -> None:
             check_writable(Path(out).parent, "the benchmark's results")
 
 
-def _require_model_folder(path: str) -> None:
-    if not Path(path).is_dir():
-        raise InputError(f"--model {path}: no such folder (a Hugging Face model folder with its tokenizer)")
+def _require_model_folder(path: str, router: str | None = None) -> None:
+    """One line, before anything loads, when --model is not a local model folder or --router not a folder: models
+    are never downloaded at run time."""
+    from elastic_attention.models import KNOWN_MODELS
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        found = "no such folder" if not folder.exists() else "a folder without config.json"
+        raise InputError(
+            f"--model {path}: {found}; give a local Hugging Face model folder (config.json, weights, tokenizer): "
+            f"`elastic-attention models fetch NAME` writes one to artifacts/NAME (NAME: {', '.join(KNOWN_MODELS)}), "
+            f"or save your own with model.save_pretrained(FOLDER)")
+    if router is not None and not Path(router).exists():
+        raise InputError(f"--router {router}: no such adapter folder (save_router writes one; the shipped ones are "
+                         f"under src/elastic_attention/assets/routers/)")
 
 
 def run_lm_eval(arguments: list[str]) -> int:
