@@ -299,3 +299,37 @@ def test_eval_cli_attaches_with_a_training_configs_window(tmp_path, capsys):
     assert document["results"][0]["predictions"] == results[0].predictions
     assert cli_main([*common, "--config", "configs/tiny_finding.yaml", "--router", str(tmp_path)]) == 2
     assert "--config and --router both set the elastic settings" in capsys.readouterr().err
+
+
+def test_try_prints_each_row_as_it_comes_and_says_when_the_window_covers_the_prompt(tmp_path, capsys, monkeypatch):
+    import elastic_attention as ea
+    from elastic_attention.evaluation import showcase
+
+    model, _ = load_backbone(TINY_BACKBONE, "cpu")
+    ea.attach(model, ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8))
+    ea.save_router(model, tmp_path / "router")
+    seen = []
+    real_evaluate = showcase.evaluate_rows
+
+    def evaluate(*args, **kwargs):  # what was printed before each row's forward
+        seen.append(capsys.readouterr().out)
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(showcase, "evaluate_rows", evaluate)
+    for length, covered in ((150, True), (400, False)):
+        assert cli_main(["try", "--model", str(TINY_BACKBONE), "--router", str(tmp_path / "router"), "--tasks",
+                         "local_recall", "--suite", "synthetic", "--length", str(length), "--samples", "2",
+                         "--device", "cpu",
+                         "--dtype", "float32"]) == 0
+        printed = seen[-1] + capsys.readouterr().out
+        assert "(float32)" in seen[-2] and "local_recall (robust)" in seen[-1]  # the first row before the second
+        assert printed.count("fits in the sparse window (sink 32 + local 128 tokens)") == (2 if covered else 0)
+
+
+def test_try_and_generate_default_to_bf16_only_where_the_cpu_runs_it(monkeypatch):
+    from elastic_attention.evaluation import showcase
+
+    for native, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(showcase, "cpu_has_bf16", lambda native=native: native)
+        assert showcase.interactive_dtype("cpu") == expected
+    assert showcase.interactive_dtype("cuda") == "bfloat16"

@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--samples", type=positive_int, default=1, help="rows per task")
     show.add_argument("--seed", type=int, default=0)
     show.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    show.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    show.add_argument("--dtype", choices=["float32", "bfloat16"],
+                      help="default: bfloat16 on CUDA and on CPUs with bf16 instructions, else float32")
 
     generate = commands.add_parser("generate", help="continue a prompt of your own; print the continuation and routing")
     generate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
@@ -105,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--max-new-tokens", type=positive_int, default=64)
     generate.add_argument("--raw", action="store_true", help="no chat template: feed the text as it is")
     generate.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    generate.add_argument("--dtype", choices=["float32", "bfloat16"])
+    generate.add_argument("--dtype", choices=["float32", "bfloat16"],
+                          help="default: bfloat16 on CUDA and on CPUs with bf16 instructions, else float32")
 
     harness = commands.add_parser("lm-eval", help="run lm-evaluation-harness with the elastic-attention model type",
                                   add_help=False)
@@ -217,12 +219,10 @@ def run(args: argparse.Namespace) -> int:
         from elastic_attention.evaluation.showcase import run_try_command
 
         _require_model_folder(args.model, args.router)
-        print(
-            run_try_command(
-                args.model, router=args.router, tasks=resolve_tasks(_split(args.tasks), args.suite),
-                length=args.length, samples=args.samples, seed=args.seed, device=args.device,
-                dtype=args.dtype,
-            )
+        run_try_command(
+            args.model, router=args.router, tasks=resolve_tasks(_split(args.tasks), args.suite),
+            length=args.length, samples=args.samples, seed=args.seed, device=args.device, dtype=args.dtype,
+            echo=lambda text: print(text, flush=True),
         )
     elif args.command == "generate":
         from elastic_attention.evaluation.showcase import run_generate_command

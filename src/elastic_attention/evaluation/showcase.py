@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from elastic_attention.adapters import load_router
 from elastic_attention.evaluation.pipeline import load_backbone
@@ -26,6 +26,37 @@ def routing_lines(decisions, layers: Sequence[int]) -> list[str]:
             for layer, row in zip(layers, decisions.tolist())]
 
 
+def interactive_dtype(device: str | None) -> str:
+    """The default dtype of `try` and `generate`: bfloat16 on CUDA and on CPUs with bf16 instructions (AMX or
+    AVX512-BF16, where it is several times faster), float32 on other CPUs (there bf16 is emulated: minutes a row)."""
+    import torch
+
+    if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
+        return "bfloat16"
+    return "bfloat16" if cpu_has_bf16() else "float32"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU executes bf16 matrix products natively (Linux: its /proc/cpuinfo flags)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def window_note(prompt_tokens: int, config) -> str | None:
+    """A line saying that a prompt inside the sparse window leaves an SSA head nothing to skip, else None."""
+    if config.sparse_mode != "ssa":
+        return None
+    window = config.sink_tokens + config.local_tokens
+    if prompt_tokens > window:
+        return None
+    return (f"  the prompt ({prompt_tokens} tokens) fits in the sparse window (sink {config.sink_tokens} + local "
+            f"{config.local_tokens} tokens): a head on SSA skips nothing here, whatever the MSR")
+
+
 def run_try_command(
     model_dir: str,
     *,
@@ -36,26 +67,42 @@ def run_try_command(
     seed: int,
     device: str | None,
     dtype: str | None,
+    echo: Callable[[str], None] | None = None,
 ) -> str:
-    """Answer ``samples`` rows of each task at ``length`` tokens; returns the printed report."""
+    """Answer ``samples`` rows of each task at ``length`` tokens; returns the printed report. ``echo`` receives each
+    part of it as soon as it is known (a CPU takes seconds to minutes a row); ``dtype`` None is
+    `interactive_dtype`."""
+    from elastic_attention.integration import runtime_of
+
+    dtype = dtype or interactive_dtype(device)
+    lines: list[str] = []
+
+    def say(*parts: str) -> None:
+        lines.extend(parts)
+        if echo is not None:
+            echo("\n".join(parts))
+
+    say(f"model {model_dir} ({dtype}), router {router}, {length}-token prompts")
     model, tokenizer = load_backbone(model_dir, device, dtype)
     load_router(model, router)
-    lines = [f"model {model_dir}, router {router}, {length}-token prompts"]
+    config = runtime_of(model).config
     for task in tasks:
         for row in suite_of(task).generate(task, length, seed, samples, tokenizer):
             started = time.perf_counter()
             result = evaluate_rows(model, tokenizer, [row], batch_size=1)
             seconds = time.perf_counter() - started
-            lines += [
+            tokens = row.metadata.get("prompt_tokens", length)
+            note = window_note(tokens, config)
+            say(
                 "",
-                f"{task} ({suite_of(task).kind(task)}), {row.metadata.get('prompt_tokens', length)} tokens, "
-                f"{seconds:.1f} s",
+                f"{task} ({suite_of(task).kind(task)}), {tokens} tokens, {seconds:.1f} s",
                 f"  answer:     {row.answer!r}",
                 f"  prediction: {result['prediction'][0]!r}",
                 f"  score {result['accuracy'][0]:.2f}, MSR {result['msr'][0]:.2f}, ESR last "
                 f"{result['esr_last'][0]:.2f}, ESR mean {result['esr_mean'][0]:.2f}",
+                *([note] if note else []),
                 *routing_lines(result["decisions"][0], routing_report(model).layers),
-            ]
+            )
     return "\n".join(lines)
 
 
@@ -75,7 +122,7 @@ def run_generate_command(
 
     if not prompt:
         raise InputError("the prompt is empty: pass --prompt TEXT or --file F with some text")
-    model, tokenizer = load_backbone(model_dir, device, dtype)
+    model, tokenizer = load_backbone(model_dir, device, dtype or interactive_dtype(device))
     if router is not None:
         load_router(model, router)
     templated = chat and bool(getattr(tokenizer, "chat_template", None))
@@ -95,7 +142,12 @@ def run_generate_command(
     if router is None:
         lines.append("no router given: the unmodified model (full attention everywhere)")
         return "\n".join(lines)
+    from elastic_attention.integration import runtime_of
+
     report = routing_report(model)
     lines.append(f"routing of the prompt: MSR {float(report.msr[0]):.2f}, ESR last {float(report.esr_last[0]):.2f}, "
                  f"ESR mean {float(report.esr_mean[0]):.2f}")
+    note = window_note(len(ids), runtime_of(model).config)
+    if note:
+        lines.append(note.strip())
     return "\n".join(lines + routing_lines(report.decisions[0], report.layers))
