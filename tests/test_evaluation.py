@@ -333,3 +333,33 @@ def test_try_and_generate_default_to_bf16_only_where_the_cpu_runs_it(monkeypatch
         monkeypatch.setattr(showcase, "cpu_has_bf16", lambda native=native: native)
         assert showcase.interactive_dtype("cpu") == expected
     assert showcase.interactive_dtype("cuda") == "bfloat16"
+
+
+def test_generate_compare_sets_the_plain_model_beside_the_routed_one(tmp_path, capsys):
+    """Oracle for the plain model's KV cache: 2 (keys, values) x layers x KV heads x cached tokens x head_dim x 4
+    bytes; a head on SSA keeps only its sink and window, so the routed cache is smaller."""
+    import elastic_attention as ea
+    from elastic_attention.evaluation import showcase
+
+    model, tokenizer = load_backbone(TINY_BACKBONE, "cpu")
+    torch.manual_seed(0)  # untrained routers: with this seed they send 4 of the 8 heads to sparse attention
+    ea.attach(model, ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8))
+    ea.save_router(model, tmp_path / "router")
+    prompt = generate("needle_single", 600, 0, 1)[0].prompt
+    assert cli_main(["generate", "--model", str(TINY_BACKBONE), "--router", str(tmp_path / "router"), "--prompt",
+                     prompt, "--max-new-tokens", "4", "--device", "cpu", "--dtype", "float32", "--raw", "--compare"]) == 0
+    printed = capsys.readouterr().out
+    assert "plain model" in printed and "elastic / plain" in printed and "one run each" in printed
+    plain_model, _ = load_backbone(TINY_BACKBONE, "cpu")
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    plain = showcase.timed_generation(plain_model, ids, 4)
+    config = plain_model.config
+    cached = ids.shape[1] + len(plain["tokens"]) - 1
+    assert plain["kv_cache_bytes"] == 2 * config.num_hidden_layers * config.num_key_value_heads * cached * \
+        config.head_dim * 4
+    routed = showcase.timed_generation(ea.load_router(load_backbone(TINY_BACKBONE, "cpu")[0], tmp_path / "router"),
+                                       ids, 4)
+    assert routed["kv_cache_bytes"] < 0.8 * plain["kv_cache_bytes"]
+    assert f"{plain['kv_cache_bytes'] / 2**20:>10.2f} MiB" in printed
+    assert cli_main(["generate", "--model", str(TINY_BACKBONE), "--prompt", "hi", "--compare"]) == 2
+    assert "--compare sets the routed model beside the plain one: pass --router" in capsys.readouterr().err

@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--file", help="a UTF-8 text file holding the prompt")
     generate.add_argument("--max-new-tokens", type=positive_int, default=64)
     generate.add_argument("--raw", action="store_true", help="no chat template: feed the text as it is")
+    generate.add_argument("--compare", action="store_true",
+                          help="also run the plain model on the prompt; print prefill time, decode tokens/s and "
+                               "KV-cache bytes side by side")
     generate.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     generate.add_argument("--dtype", choices=["float32", "bfloat16"],
                           help="default: bfloat16 on CUDA and on CPUs with bf16 instructions, else float32")
@@ -232,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             run_generate_command(
                 args.model, router=args.router, prompt=prompt, max_new_tokens=args.max_new_tokens, chat=not args.raw,
-                device=args.device, dtype=args.dtype,
+                device=args.device, dtype=args.dtype, compare=args.compare,
             )
         )
     elif args.command == "models":

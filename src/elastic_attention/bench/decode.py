@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from elastic_attention import ElasticCache, attach, detach, force_routing
+from elastic_attention.cache import cache_nbytes
 from elastic_attention.cache.token_attention import single_query_kernels
 from elastic_attention.integration.attach import is_attached, runtime_of
 from elastic_attention.bench.model import (
@@ -48,13 +49,6 @@ from elastic_attention.bench.model import (
 from elastic_attention.bench.timing import parse_tokens, run_header, timed, write_result
 
 CACHE_KINDS = ("bounded", "bounded_torch", "full", "dense")
-
-
-def cache_bytes(cache) -> int:
-    """Bytes of keys and values a cache holds (an `ElasticCache`, or a transformers cache of full tensors)."""
-    if isinstance(cache, ElasticCache):
-        return cache.nbytes()
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
 def batch_sizes(text: str) -> list[int]:
@@ -159,7 +153,7 @@ def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.dev
                     logits = step().logits.float()
                     if first_logits is None:
                         first_logits = logits
-                    row["cache_bytes"] = cache_bytes(state["cache"])
+                    row["cache_bytes"] = cache_nbytes(state["cache"])
                     with single_query_kernels():
                         row["decode_step_s"] = timed(step, device, args.steps, warmup=1)
                     if isinstance(state["cache"], ElasticCache):  # which decode path the steps took, not assumed

@@ -47,7 +47,8 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, StaticCache
 
 from elastic_attention import ElasticCache, attach, detach, force_routing
-from elastic_attention.bench.decode import batch_sizes, cache_bytes, compile_in_process
+from elastic_attention.bench.decode import batch_sizes, compile_in_process
+from elastic_attention.cache import cache_nbytes
 from elastic_attention.bench.model import (
     add_model_arguments,
     build_model,
@@ -279,7 +280,7 @@ def measure_dense(model, prompt, args, bandwidth: float, weights: int) -> list[d
                     without_cudnn_s = timed(step, prompt.device, args.steps, warmup=2)
                 read = dense_read_bytes(model, size, length)
                 rows.append(row(length, size, "dense", min(default_s, without_cudnn_s), weights, read,
-                                cache_bytes(dense), bandwidth, prefill_s=prefill_s, step_s_default_sdpa=default_s,
+                                cache_nbytes(dense), bandwidth, prefill_s=prefill_s, step_s_default_sdpa=default_s,
                                 step_s_sdpa_without_cudnn=without_cudnn_s))
             except torch.OutOfMemoryError:
                 rows.append({"length": length, "batch": size, "kind": "dense", "out_of_memory": True})
@@ -293,7 +294,7 @@ def measure_dense(model, prompt, args, bandwidth: float, weights: int) -> list[d
                     step()
                     seconds = timed(step, prompt.device, args.steps, warmup=2)
                     read = dense_read_bytes(model, size, length)
-                    rows.append(row(length, size, kind, seconds, weights, read, cache_bytes(static), bandwidth,
+                    rows.append(row(length, size, kind, seconds, weights, read, cache_nbytes(static), bandwidth,
                                     attention="fused split-K GQA kernel over the static cache"))
                 except torch.OutOfMemoryError:
                     rows.append({"length": length, "batch": size, "kind": kind, "out_of_memory": True})

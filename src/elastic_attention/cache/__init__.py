@@ -1,5 +1,5 @@
 """KV caches for elastic attention: `ElasticCache` keeps per head only what that head reads again."""
 
-from elastic_attention.cache.bounded import ElasticCache, ElasticCacheLayer
+from elastic_attention.cache.bounded import ElasticCache, ElasticCacheLayer, cache_nbytes
 
-__all__ = ["ElasticCache", "ElasticCacheLayer"]
+__all__ = ["ElasticCache", "ElasticCacheLayer", "cache_nbytes"]

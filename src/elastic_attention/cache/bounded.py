@@ -749,6 +749,14 @@ class ElasticCache(Cache):
                    for layer in self.layers)
 
 
+def cache_nbytes(cache) -> int:
+    """Bytes of keys and values a cache holds: an `ElasticCache` (`ElasticCache.nbytes`), or a transformers cache
+    of full tensors."""
+    if isinstance(cache, ElasticCache):
+        return cache.nbytes()
+    return sum(_tensor_bytes(layer) for layer in cache.layers)
+
+
 def _tensor_bytes(layer) -> int:
     """Bytes of a transformers cache layer's keys and values (0 before its first update)."""
     return sum(t.numel() * t.element_size() for t in (getattr(layer, "keys", None), getattr(layer, "values", None))

@@ -115,28 +115,29 @@ def run_generate_command(
     chat: bool,
     device: str | None,
     dtype: str | None,
+    compare: bool = False,
 ) -> str:
     """Greedy continuation of ``prompt`` (rendered as a user turn when ``chat`` and the tokenizer has a template);
-    returns the printed report: the continuation, then the prompt's routing (or a line saying there is none)."""
+    returns the printed report: the continuation, then the prompt's routing (or a line saying there is none). With
+    ``compare`` (a router needed), the same prompt and number of new tokens also run on the plain model (transformers'
+    own attention and cache), and a table sets prefill time, decode speed and KV-cache bytes side by side."""
     import torch
 
     if not prompt:
         raise InputError("the prompt is empty: pass --prompt TEXT or --file F with some text")
+    if compare and router is None:
+        raise InputError("--compare sets the routed model beside the plain one: pass --router ADAPTER_FOLDER")
     model, tokenizer = load_backbone(model_dir, device, dtype or interactive_dtype(device))
-    if router is not None:
-        load_router(model, router)
     templated = chat and bool(getattr(tokenizer, "chat_template", None))
     ids = encode_prompt(tokenizer, prompt) if templated else tokenizer.encode(prompt)
-    device_of = next(model.parameters()).device
-    input_ids = torch.tensor([ids], device=device_of)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    started = time.perf_counter()
-    with torch.no_grad():
-        tokens = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                                do_sample=False, pad_token_id=pad_id)
-    seconds = time.perf_counter() - started
-    continuation = tokenizer.decode(tokens[0, len(ids):], skip_special_tokens=True)
-    lines = [continuation, "", f"{len(ids)} prompt tokens, {tokens.shape[1] - len(ids)} new, {seconds:.1f} s"]
+    input_ids = torch.tensor([ids], device=next(model.parameters()).device)
+    plain = timed_generation(model, input_ids, max_new_tokens) if compare else None
+    if router is not None:
+        load_router(model, router)
+    measured = timed_generation(model, input_ids, max_new_tokens)
+    continuation = tokenizer.decode(measured["tokens"], skip_special_tokens=True)
+    lines = [continuation, "", f"{len(ids)} prompt tokens, {len(measured['tokens'])} new, "
+                               f"{measured['prefill_s'] + measured['decode_s']:.1f} s"]
     if chat and not templated:
         lines.append("the tokenizer has no chat template: the prompt went in as plain text (as with --raw)")
     if router is None:
@@ -150,4 +151,62 @@ def run_generate_command(
     note = window_note(len(ids), runtime_of(model).config)
     if note:
         lines.append(note.strip())
-    return "\n".join(lines + routing_lines(report.decisions[0], report.layers))
+    lines += routing_lines(report.decisions[0], report.layers)
+    if plain is not None:
+        lines += ["", *comparison_lines(plain, measured, str(input_ids.device))]
+    return "\n".join(lines)
+
+
+def timed_generation(model, input_ids, new_tokens: int) -> dict:
+    """Greedy generation of up to ``new_tokens`` tokens after ``input_ids`` ([1, S]), timed: one prefill forward
+    (its last logits give the first token), then one forward per further token over the model's own cache, until
+    an end-of-sequence token of the model's generation config.
+
+    Returns:
+        ``prefill_s`` (seconds to the first token), ``decode_s`` (seconds of the further steps),
+        ``decode_tokens_per_s``, ``kv_cache_bytes`` (what the cache holds at the end) and ``tokens`` (the ids).
+    """
+    import torch
+
+    from elastic_attention.cache import cache_nbytes
+
+    synchronize = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
+    with torch.no_grad():
+        synchronize()
+        started = time.perf_counter()
+        output = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
+        token = output.logits[:, -1].argmax(-1, keepdim=True)
+        synchronize()
+        prefill_s = time.perf_counter() - started
+        cache, tokens = output.past_key_values, [int(token)]
+        stop = model.generation_config.eos_token_id
+        stop = set(stop if isinstance(stop, list) else [] if stop is None else [stop])
+        started = time.perf_counter()
+        while len(tokens) < new_tokens and tokens[-1] not in stop:
+            output = model(input_ids=token, past_key_values=cache, use_cache=True)
+            token = output.logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(int(token))
+        synchronize()
+        decode_s = time.perf_counter() - started
+    steps = len(tokens) - 1
+    return {"prefill_s": prefill_s, "decode_s": decode_s,
+            "decode_tokens_per_s": steps / decode_s if steps and decode_s > 0 else float("nan"),
+            "kv_cache_bytes": cache_nbytes(cache), "tokens": tokens}
+
+
+def comparison_lines(plain: dict, elastic: dict, device: str) -> list[str]:
+    """The side-by-side table of `timed_generation` results: the plain model, the routed one and their ratios."""
+    def row(name: str, result: dict) -> str:
+        return (f"{name:<16} {result['prefill_s']:>9.3f} s {result['decode_tokens_per_s']:>10.1f} tok/s "
+                f"{result['kv_cache_bytes'] / 2**20:>10.2f} MiB")
+
+    same = "the same tokens" if plain["tokens"] == elastic["tokens"] else "different tokens (routing changed them)"
+    return [
+        f"on {device}, one run each (times vary; a first call warms up): {same}",
+        f"{'':<16} {'prefill':>11} {'decode':>16} {'KV cache':>14}",
+        row("plain model", plain),
+        row("elastic", elastic),
+        f"{'elastic / plain':<16} {elastic['prefill_s'] / plain['prefill_s']:>10.2f}x "
+        f"{elastic['decode_tokens_per_s'] / plain['decode_tokens_per_s']:>15.2f}x "
+        f"{elastic['kv_cache_bytes'] / plain['kv_cache_bytes']:>13.2f}x",
+    ]
