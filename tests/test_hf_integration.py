@@ -228,8 +228,11 @@ def test_refusals_name_the_problem():
         model(torch.ones(1, 5, dtype=torch.long), attention_mask=torch.ones(1, 1, 5, 5, dtype=torch.bool))
     with pytest.raises(InputError, match="no routing report"):
         ea.routing_report(ea.attach(tiny_model("llama"), CONFIG))
-    with pytest.raises(UnsupportedModelError, match="not attached"):
+    with pytest.raises(ea.NotAttachedError, match="not attached"):
         ea.routing_report(tiny_model("llama"))
+    with pytest.raises(ea.NotAttachedError, match="not attached"):
+        ea.save_router(tiny_model("llama"), "unused")
+    assert issubclass(ea.NotAttachedError, UnsupportedModelError)  # code that caught the broader class still does
 
 
 def test_short_prompts_pool_what_they_have_and_route_per_layer():

@@ -21,6 +21,7 @@ _EXPORTS = {
     "ElasticCache": "elastic_attention.cache",
     "ElasticConfig": "elastic_attention.config",
     "InputError": "elastic_attention.errors",
+    "NotAttachedError": "elastic_attention.errors",
     "RoutingReport": "elastic_attention.integration",
     "UnsupportedModelError": "elastic_attention.errors",
     "attach": "elastic_attention.integration",
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
         ConfigError,
         ElasticAttentionError,
         InputError,
+        NotAttachedError,
         UnsupportedModelError,
     )
     from elastic_attention.integration import (

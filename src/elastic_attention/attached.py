@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elastic_attention.errors import UnsupportedModelError
+from elastic_attention.errors import NotAttachedError
 
 #: The attribute on an attached model (and on its attention modules) that holds its runtime.
 RUNTIME_ATTRIBUTE = "_elastic_runtime"
@@ -19,9 +19,9 @@ def attached_runtime(model: Any) -> Any:
     """The runtime `attach` put on ``model``.
 
     Raises:
-        UnsupportedModelError: elastic attention is not attached.
+        NotAttachedError: elastic attention is not attached.
     """
     runtime = getattr(model, RUNTIME_ATTRIBUTE, None)
     if runtime is None:
-        raise UnsupportedModelError("elastic attention is not attached to this model; call attach(model, config)")
+        raise NotAttachedError("elastic attention is not attached to this model; call attach(model, config)")
     return runtime

@@ -16,6 +16,11 @@ class UnsupportedModelError(ElasticAttentionError, ValueError):
     """The model cannot be served: unknown family, unsupported attention variant, or not attached."""
 
 
+class NotAttachedError(UnsupportedModelError):
+    """Something that needs elastic attention on the model (routing, the registered attention function, saving the
+    routers) met a model it is not attached to."""
+
+
 class AdapterMismatchError(ElasticAttentionError, ValueError):
     """A saved router adapter does not fit the model it is loaded onto."""
 

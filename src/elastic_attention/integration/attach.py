@@ -218,7 +218,7 @@ def runtime_of(model: nn.Module) -> ElasticRuntime:
     """The runtime of an attached model.
 
     Raises:
-        UnsupportedModelError: elastic attention is not attached.
+        NotAttachedError: elastic attention is not attached.
     """
     return attached_runtime(model)
 

@@ -13,7 +13,7 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from elastic_attention.attached import RUNTIME_ATTRIBUTE
-from elastic_attention.errors import InputError
+from elastic_attention.errors import InputError, NotAttachedError
 
 ATTENTION_NAME = "elastic_attention"
 #: The same function, for models with sliding-window layers: registered with a mask function that gives those layers
@@ -46,7 +46,7 @@ def elastic_attention_forward(
     """
     runtime = getattr(module, RUNTIME_ATTRIBUTE, None)
     if runtime is None:
-        raise InputError(
+        raise NotAttachedError(
             f"attention implementation {ATTENTION_NAME!r} is set on a model that is not attached; "
             "call elastic_attention.attach(model, config)"
         )
