@@ -46,14 +46,19 @@ def test_a_point_is_the_equal_weight_mean_of_each_tasks_retention():
     assert math.isnan(point(zero, "heads@0.5", 16384).tasks["recent"])
 
 
-def test_the_target_is_the_last_point_of_an_unbroken_run_keeping_every_task():
+def test_the_target_is_the_highest_point_keeping_every_task():
+    from elastic_attention.evaluation.frontier import points_missing
+
     points = curve(rows(), "heads@", 16384)
     assert [p.mode for p in points] == ["heads@0.25", "heads@0.5", "heads@0.75"]
     assert highest_msr_keeping(points, ["needle", "chain"], 0.98).mode == "heads@0.5"  # chain keeps 98.75%
     assert highest_msr_keeping(points, ["needle", "chain"], 0.99).mode == "heads@0.25"
     assert highest_msr_keeping(points, ["needle"], 0.98).mode == "heads@0.75"
     dip = dict(MODES, **{"heads@0.25": (0.25, {"needle": 0.5, "chain": 0.8, "recent": 0.5})})
-    assert highest_msr_keeping(curve(rows(modes=dip), "heads@", 16384), ["needle"], 0.98) is None
+    noisy = curve(rows(modes=dip), "heads@", 16384)
+    assert highest_msr_keeping(noisy, ["needle"], 0.98).mode == "heads@0.75"  # a dip below does not stop it
+    assert [p.mode for p in points_missing(noisy, ["needle"], 0.98, 0.75)] == ["heads@0.25"]
+    assert highest_msr_keeping(noisy, ["needle", "chain"], 1.0) is None
 
 
 def test_the_report_and_the_plot(tmp_path):
@@ -65,7 +70,8 @@ def test_the_report_and_the_plot(tmp_path):
     text = report.main([str(frontier), "--router", f"run one={router}", "--plot", str(tmp_path / "pareto.png"),
                         "--out", str(tmp_path / "frontier.md")])
     assert "sensitive target at 16384 tokens: MSR 0.500 (heads@0.5 keeps >= 98% on chain, needle); at heads@0.75 " \
-           "chain keeps 50%" in text
+           "chain keeps 50%\n" in text
+    assert "MSR 0.750 (heads@0.75 keeps >= 98% on needle)" in report.main([str(frontier), "--target-tasks", "needle"])
     assert "| heads@0.5 | 0.500 | 102.9% | 100% | 99% | 110% |" in text and "### 8K" in text
     assert (tmp_path / "frontier.md").read_text() == text and (tmp_path / "pareto.png").stat().st_size > 10_000
     with pytest.raises(SystemExit):

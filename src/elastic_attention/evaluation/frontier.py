@@ -65,15 +65,16 @@ def curve(rows: Sequence[dict], prefix: str, length: int, tasks: Sequence[str] |
 
 
 def highest_msr_keeping(points: Sequence[Point], tasks: Sequence[str], share: float) -> Point | None:
-    """The point of highest MSR at which every task of ``tasks`` keeps at least ``share`` of full attention, among
-    the points at or below which every point also does (the frontier's sustained reach); None if the first does
-    not."""
-    reached = None
-    for candidate in sorted(points, key=lambda p: p.msr):
-        if any(not candidate.tasks.get(task, math.nan) >= share for task in tasks):
-            break
-        reached = candidate
-    return reached
+    """The point of highest MSR at which every task of ``tasks`` keeps at least ``share`` of full attention (None
+    when no point does). Points below it may miss (a few rows a cell make a noisy curve): `points_missing` lists
+    them."""
+    keeping = [p for p in points if all(p.tasks.get(task, math.nan) >= share for task in tasks)]
+    return max(keeping, key=lambda p: p.msr, default=None)
+
+
+def points_missing(points: Sequence[Point], tasks: Sequence[str], share: float, below: float) -> list[Point]:
+    """The points under MSR ``below`` at which some task of ``tasks`` keeps less than ``share``."""
+    return [p for p in points if p.msr < below and any(not p.tasks.get(task, math.nan) >= share for task in tasks)]
 
 
 def plot_pareto(rows_by_label: dict[str, Sequence[dict]], lengths: Sequence[int], path: str | Path) -> Path:
