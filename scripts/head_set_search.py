@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -180,7 +181,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "task_cross_entropy_full": full_tasks, "task_cross_entropy_sparse": sparse_tasks, "rounds": [], "path": [],
     }
 
+    started = time.perf_counter()
+
     def report(record: dict) -> None:  # each round is written as it ends, should the search be cut
+        record["seconds"] = round(time.perf_counter() - started, 1)  # since the search's first round began
         print(f"  {record['sparse_heads']:3d} sparse heads (MSR {record['sparse_heads'] / total:.3f}): "
               f"score {record['score']:.4f}, moved {record['moved']}", flush=True)
         result["rounds"].append(record)
