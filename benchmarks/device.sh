@@ -25,9 +25,12 @@
 #                                                            # continues $RUN from its latest checkpoint (a run
 #                                                            # longer than one call, on the same warm machine);
 #                                                            # BACKGROUND=1 starts it in the background (it outlives
-#                                                            # the call) and waits like real-train-wait
-#   OUT=$OUT bash benchmarks/device.sh real-train-wait       # waits for it (up to $LIMIT s), copies its results to
-#                                                            # $OUT; call it back to back until it says "finished"
+#                                                            # the call) and waits like real-train-wait (NO_WAIT=1:
+#                                                            # returns at once, to start another run beside it with
+#                                                            # another RUN folder)
+#   OUT=$OUT bash benchmarks/device.sh real-train-wait       # waits for every background run (up to $LIMIT s); each
+#                                                            # comes back as $OUT/NAME.tgz (summary, metrics, plot,
+#                                                            # adapter) and NAME.log; call it until "finished"
 #   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k      # the real model's table at these lengths, $SAMPLES per cell
 #   ROUTER=path MODES=full,elastic BATCH=8 OUT=$OUT bash benchmarks/device.sh real-eval 32k   # another router, fewer modes
 #   OUT=$OUT bash benchmarks/device.sh real-table            # the whole table, longer than a call: starts one background
@@ -112,11 +115,20 @@ frontier_eval() {  # frontier_eval NAME LENGTHS MODES [more eval options]: one b
     --samples "${FRONTIER_SAMPLES:-20}" --batch-size ${BATCH:-20} --out "/tmp/frontier/$name" "$@" \
     > "/tmp/frontier/$name.log" 2>&1 < /dev/null
 }
-real_train_wait() {  # wait for a background real-train (up to $LIMIT s), copy its run folder's results to $OUT
-  [ -f /tmp/real-train/pids ] || { echo "no background real-train on this machine: start one with BACKGROUND=1"; exit 2; }
+real_train_wait() {  # wait for the background real-train runs (up to $LIMIT s); each run's summary, metrics, plot
+  # and adapter come back as $OUT/NAME.tgz (NAME: the run folder's name), its log as $OUT/NAME.log
+  ls /tmp/real-train/*/pid > /dev/null 2>&1 || { echo "no background real-train on this machine: start one with"\
+    "BACKGROUND=1"; exit 2; }
+  cat /tmp/real-train/*/pid > /tmp/real-train/pids
   wait_pids /tmp/real-train/pids; local ended=$?
-  copy_run "$RUN" "$OUT"; cp /tmp/real-train/train.log "$OUT/"
-  tail -3 "$OUT/train.log"
+  for work in /tmp/real-train/*/; do
+    local name run
+    name=$(basename "$work"); run=$(cat "$work/run")
+    tar czf "$OUT/$name.tgz" -C "$run" $(cd "$run" 2>/dev/null && ls -d summary.json metrics.csv training.png router \
+      2>/dev/null) 2>/dev/null
+    cp "$work/train.log" "$OUT/$name.log"
+    { echo "== $name"; tr '\r' '\n' < "$work/train.log" | grep -v '^$' | tail -3 | cut -c1-300; }
+  done
   if [ "$ended" = 0 ]; then echo "real-train finished at $(( $(date +%s) - start )) s"
   else echo "real-train still running at $(( $(date +%s) - start )) s: call real-train-wait again"; fi
 }
@@ -201,10 +213,13 @@ case ${1:-} in
   real-train)
     config=${CONFIG:-configs/qwen2.5_coder_code_slow_multipliers.yaml}
     if [ -n "${BACKGROUND:-}" ]; then  # setsid: the run outlives this call (the machine stays while calls follow)
-      rm -rf /tmp/real-train && mkdir -p /tmp/real-train && cp -r src configs /tmp/real-train/
-      PYTHONPATH=/tmp/real-train/src setsid nohup python3 -m elastic_attention.cli train "/tmp/real-train/$config" \
-        model="$MODEL" output_dir="$RUN" --no-progress ${RESUME:+--resume} > /tmp/real-train/train.log 2>&1 < /dev/null &
-      echo $! > /tmp/real-train/pids
+      # one work folder per run (its name: the run folder's), so several runs can train side by side
+      work=/tmp/real-train/$(basename "$RUN")
+      rm -rf "$work" && mkdir -p "$work" && cp -r src configs "$work/" && echo "$RUN" > "$work/run"
+      PYTHONPATH=$work/src setsid nohup python3 -m elastic_attention.cli train "$work/$config" \
+        model="$MODEL" output_dir="$RUN" --no-progress ${RESUME:+--resume} > "$work/train.log" 2>&1 < /dev/null &
+      echo $! > "$work/pid"
+      [ -n "${NO_WAIT:-}" ] && { echo "real-train started in $work"; exit 0; }
       real_train_wait
     else
       timeout ${TRAIN_LIMIT:-530} $cli train "$config" model="$MODEL" output_dir="$RUN" \
