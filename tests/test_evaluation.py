@@ -363,3 +363,17 @@ def test_generate_compare_sets_the_plain_model_beside_the_routed_one(tmp_path, c
     assert f"{plain['kv_cache_bytes'] / 2**20:>10.2f} MiB" in printed
     assert cli_main(["generate", "--model", str(TINY_BACKBONE), "--prompt", "hi", "--compare"]) == 2
     assert "--compare sets the routed model beside the plain one: pass --router" in capsys.readouterr().err
+
+
+def test_try_compare_times_each_prompt_on_the_plain_and_the_routed_model(tmp_path, capsys):
+    import elastic_attention as ea
+
+    model, _ = load_backbone(TINY_BACKBONE, "cpu")
+    torch.manual_seed(0)
+    ea.attach(model, ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8))
+    ea.save_router(model, tmp_path / "router")
+    assert cli_main(["try", "--model", str(TINY_BACKBONE), "--router", str(tmp_path / "router"), "--tasks",
+                     "needle_single", "--suite", "synthetic", "--length", "500", "--samples", "2", "--device", "cpu",
+                     "--dtype", "float32", "--compare"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("  elastic / plain") == 2 and printed.count("  plain model") == 2

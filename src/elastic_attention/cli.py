@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--samples", type=positive_int, default=1, help="rows per task")
     show.add_argument("--seed", type=int, default=0)
     show.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    show.add_argument("--compare", action="store_true",
+                      help="also generate 32 tokens of each prompt with the plain model and the routed one; print "
+                           "prefill time, decode tokens/s and KV-cache bytes side by side")
     show.add_argument("--dtype", choices=["float32", "bfloat16"],
                       help="default: bfloat16 on CUDA and on CPUs with bf16 instructions, else float32")
 
@@ -225,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         run_try_command(
             args.model, router=args.router, tasks=resolve_tasks(_split(args.tasks), args.suite),
             length=args.length, samples=args.samples, seed=args.seed, device=args.device, dtype=args.dtype,
-            echo=lambda text: print(text, flush=True),
+            echo=lambda text: print(text, flush=True), compare=args.compare,
         )
     elif args.command == "generate":
         from elastic_attention.evaluation.showcase import run_generate_command

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+import torch
+
 from elastic_attention.adapters import load_router
 from elastic_attention.evaluation.pipeline import load_backbone
 from elastic_attention.evaluation.runner import evaluate_rows
@@ -29,8 +31,6 @@ def routing_lines(decisions, layers: Sequence[int]) -> list[str]:
 def interactive_dtype(device: str | None) -> str:
     """The default dtype of `try` and `generate`: bfloat16 on CUDA and on CPUs with bf16 instructions (AMX or
     AVX512-BF16, where it is several times faster), float32 on other CPUs (there bf16 is emulated: minutes a row)."""
-    import torch
-
     if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
         return "bfloat16"
     return "bfloat16" if cpu_has_bf16() else "float32"
@@ -68,11 +68,16 @@ def run_try_command(
     device: str | None,
     dtype: str | None,
     echo: Callable[[str], None] | None = None,
+    compare: bool = False,
+    new_tokens: int = 32,
 ) -> str:
     """Answer ``samples`` rows of each task at ``length`` tokens; returns the printed report. ``echo`` receives each
     part of it as soon as it is known (a CPU takes seconds to minutes a row); ``dtype`` None is
-    `interactive_dtype`."""
+    `interactive_dtype`. With ``compare`` each row's prompt is also generated for ``new_tokens`` greedy tokens by
+    the plain model (before the routers are attached) and by the routed one, timed side by side
+    (`comparison_lines`)."""
     from elastic_attention.integration import runtime_of
+    from elastic_attention.rows import encode_row
 
     dtype = dtype or interactive_dtype(device)
     lines: list[str] = []
@@ -84,25 +89,31 @@ def run_try_command(
 
     say(f"model {model_dir} ({dtype}), router {router}, {length}-token prompts")
     model, tokenizer = load_backbone(model_dir, device, dtype)
+    rows = [(task, row) for task in tasks for row in suite_of(task).generate(task, length, seed, samples, tokenizer)]
+    prompts = [torch.tensor([encode_row(tokenizer, row).prompt_ids], device=next(model.parameters()).device)
+               for _, row in rows]
+    plain = [timed_generation(model, ids, new_tokens) for ids in prompts] if compare else []
     load_router(model, router)
     config = runtime_of(model).config
-    for task in tasks:
-        for row in suite_of(task).generate(task, length, seed, samples, tokenizer):
-            started = time.perf_counter()
-            result = evaluate_rows(model, tokenizer, [row], batch_size=1)
-            seconds = time.perf_counter() - started
-            tokens = row.metadata.get("prompt_tokens", length)
-            note = window_note(tokens, config)
-            say(
-                "",
-                f"{task} ({suite_of(task).kind(task)}), {tokens} tokens, {seconds:.1f} s",
-                f"  answer:     {row.answer!r}",
-                f"  prediction: {result['prediction'][0]!r}",
-                f"  score {result['accuracy'][0]:.2f}, MSR {result['msr'][0]:.2f}, ESR last "
-                f"{result['esr_last'][0]:.2f}, ESR mean {result['esr_mean'][0]:.2f}",
-                *([note] if note else []),
-                *routing_lines(result["decisions"][0], routing_report(model).layers),
-            )
+    for index, (task, row) in enumerate(rows):
+        started = time.perf_counter()
+        result = evaluate_rows(model, tokenizer, [row], batch_size=1)
+        seconds = time.perf_counter() - started
+        tokens = row.metadata.get("prompt_tokens", length)
+        note = window_note(tokens, config)
+        say(
+            "",
+            f"{task} ({suite_of(task).kind(task)}), {tokens} tokens, {seconds:.1f} s",
+            f"  answer:     {row.answer!r}",
+            f"  prediction: {result['prediction'][0]!r}",
+            f"  score {result['accuracy'][0]:.2f}, MSR {result['msr'][0]:.2f}, ESR last "
+            f"{result['esr_last'][0]:.2f}, ESR mean {result['esr_mean'][0]:.2f}",
+            *([note] if note else []),
+            *routing_lines(result["decisions"][0], routing_report(model).layers),
+        )
+        if compare:
+            routed = timed_generation(model, prompts[index], new_tokens)
+            say(*("  " + line for line in comparison_lines(plain[index], routed, str(prompts[index].device))))
     return "\n".join(lines)
 
 
@@ -121,8 +132,6 @@ def run_generate_command(
     returns the printed report: the continuation, then the prompt's routing (or a line saying there is none). With
     ``compare`` (a router needed), the same prompt and number of new tokens also run on the plain model (transformers'
     own attention and cache), and a table sets prefill time, decode speed and KV-cache bytes side by side."""
-    import torch
-
     if not prompt:
         raise InputError("the prompt is empty: pass --prompt TEXT or --file F with some text")
     if compare and router is None:
@@ -166,8 +175,6 @@ def timed_generation(model, input_ids, new_tokens: int) -> dict:
         ``prefill_s`` (seconds to the first token), ``decode_s`` (seconds of the further steps),
         ``decode_tokens_per_s``, ``kv_cache_bytes`` (what the cache holds at the end) and ``tokens`` (the ids).
     """
-    import torch
-
     from elastic_attention.cache import cache_nbytes
 
     synchronize = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
