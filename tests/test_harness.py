@@ -42,6 +42,7 @@ def test_lm_eval_runs_the_suite_task_through_elastic_attention(router, monkeypat
     assert all(0.0 <= msr <= 1.0 for entry in model.routing_log for msr in entry["msr"])
 
 
+@pytest.mark.slow  # 10 s on a 2-core Xeon: lm-eval's whole command line in a subprocess
 def test_lm_eval_command_line(router, tmp_path):
     environment = {**os.environ, **OFFLINE}
     command = [sys.executable, "-m", "elastic_attention.cli", "lm-eval", "--model", "elastic-attention",

@@ -342,6 +342,7 @@ def test_cli_run_killed_midway_resumes_to_the_uninterrupted_result(tmp_path, ran
     assert (tmp_path / "interrupted" / "training.png").exists()
 
 
+@pytest.mark.slow  # 18-25 s each on a 2-core Xeon: four short runs
 @pytest.mark.parametrize("standardize", [False, True], ids=["paper_router", "standardizing_router"])
 def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_suite_backbone, standardize):
     # A run killed after logging its third step but before the next checkpoint: resuming from the checkpoint after
