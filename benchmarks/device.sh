@@ -17,9 +17,8 @@
 #                                                            # configs/backbone_tiny.yaml (the shipped tiny backbone)
 #   OUT=$OUT bash benchmarks/device.sh eval ARGS             # elastic-attention eval ARGS --out $OUT/eval
 #   OUT=$OUT bash benchmarks/device.sh script NAME ARGS      # python3 scripts/NAME.py ARGS (count_probe,
-#                                                            # profile_decode, decode_step_trace,
-#                                                            # xa_estimate_timing, compare_routers,
-#                                                            # head_set_search, router_margins)
+#                                                            # profile_decode_graph, xa_estimate_timing,
+#                                                            # head_set_search, router_margins, ...)
 #   OUT=$OUT bash benchmarks/device.sh real-train            # routers for the real model: $CONFIG
 #                                                            # (default configs/qwen2.5_coder_code_slow_multipliers.yaml); RESUME=1
 #                                                            # continues $RUN from its latest checkpoint (a run
