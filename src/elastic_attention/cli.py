@@ -239,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
             run_generate_command(
                 args.model, router=args.router, prompt=prompt, max_new_tokens=args.max_new_tokens, chat=not args.raw,
                 device=args.device, dtype=args.dtype, compare=args.compare,
+                echo=lambda text: print(text, file=sys.stderr, flush=True),
             )
         )
     elif args.command == "models":

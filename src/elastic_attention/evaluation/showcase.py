@@ -127,22 +127,31 @@ def run_generate_command(
     device: str | None,
     dtype: str | None,
     compare: bool = False,
+    echo: Callable[[str], None] | None = None,
 ) -> str:
     """Greedy continuation of ``prompt`` (rendered as a user turn when ``chat`` and the tokenizer has a template);
     returns the printed report: the continuation, then the prompt's routing (or a line saying there is none). With
     ``compare`` (a router needed), the same prompt and number of new tokens also run on the plain model (transformers'
-    own attention and cache), and a table sets prefill time, decode speed and KV-cache bytes side by side."""
+    own attention and cache), and a table sets prefill time, decode speed and KV-cache bytes side by side. ``echo``
+    hears what is about to run before each generation (long on a CPU)."""
     if not prompt:
         raise InputError("the prompt is empty: pass --prompt TEXT or --file F with some text")
     if compare and router is None:
         raise InputError("--compare sets the routed model beside the plain one: pass --router ADAPTER_FOLDER")
-    model, tokenizer = load_backbone(model_dir, device, dtype or interactive_dtype(device))
+    dtype = dtype or interactive_dtype(device)
+    model, tokenizer = load_backbone(model_dir, device, dtype)
     templated = chat and bool(getattr(tokenizer, "chat_template", None))
     ids = encode_prompt(tokenizer, prompt) if templated else tokenizer.encode(prompt)
     input_ids = torch.tensor([ids], device=next(model.parameters()).device)
-    plain = timed_generation(model, input_ids, max_new_tokens) if compare else None
+    say = echo or (lambda text: None)
+    plain = None
+    if compare:
+        say(f"the plain model: {len(ids)} prompt tokens, up to {max_new_tokens} new, on {input_ids.device} ({dtype})")
+        plain = timed_generation(model, input_ids, max_new_tokens)
     if router is not None:
         load_router(model, router)
+    say(f"{'the routed model' if router else 'the model'}: {len(ids)} prompt tokens, up to {max_new_tokens} new, on "
+        f"{input_ids.device} ({dtype})")
     measured = timed_generation(model, input_ids, max_new_tokens)
     continuation = tokenizer.decode(measured["tokens"], skip_special_tokens=True)
     lines = [continuation, "", f"{len(ids)} prompt tokens, {len(measured['tokens'])} new, "
