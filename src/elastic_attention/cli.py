@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         recipe.add_argument("--overwrite", action="store_true", help="replace a previous run in the output folder")
         recipe.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    benchmarks = ["layer", "prefill", "decode", "decode-graphs", "train-step", "cpu-prefill"]
+    benchmarks = ["layer", "prefill", "decode", "decode-graphs", "train-step", "cpu-prefill", "request"]
     bench = commands.add_parser("bench", help=f"benchmarks: bench {'|'.join(benchmarks)} [options]")
     bench.add_argument("benchmark", choices=benchmarks)
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")

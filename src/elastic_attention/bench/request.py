@@ -1,0 +1,261 @@
+"""A real request end to end: with a trained router on a real model, how much sooner does the first token come, how
+fast does generation go, how much memory does it take, against the fastest dense setup a user would run?
+
+For each prompt kind (``--tasks SENSITIVE,ROBUST`` of a suite, ``--rows`` rows each, cycled to fill a batch,
+left-padded), each ``--lengths`` and each ``--batch``, one greedy `generate` call of ``--new-tokens`` tokens (end of
+sequence suppressed, so every call makes them all) per setup, timed by a logits processor that stamps each token
+(synchronized): ``ttft_s`` is the first stamp (routing, prefill and the first token), ``decode_tokens_per_s`` is batch
+x (new tokens - 1) over the time from the first stamp to the last. Each setup runs twice on the same prompts; the
+second call is timed (the first compiles and captures what it needs).
+
+- ``elastic``: the model with its router attached as `load_router` attaches it (backend ``auto``, the bounded cache,
+  captured decode steps; ``--compile-decode`` compiles their layers). Its rows also say the routing (``msr``), the
+  bytes the routing implies for the cache (every entry of a full head, sink + window of an SSA head) and whether its
+  tokens equal those of the same model on the reference path (backend ``reference``, the model's own cache, no
+  graphs; the routers decide again from the same prompts).
+- ``dense``: the model without elastic attention, two setups: ``sdpa`` (transformers' SDPA and its dynamic cache)
+  and, on CUDA, ``static_graph`` (transformers' static cache with the forward compiled in ``reduce-overhead`` mode:
+  decode steps replayed as CUDA graphs). ``baseline`` names the setup; the faster of them, per metric, is what the
+  elastic rows compare against (``speedup_*``).
+
+  elastic-attention bench request --model /tmp/qwen2.5-coder-1.5b-instruct \\
+      --router src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct --lengths 16k,32k --batch 1,8 \\
+      --new-tokens 128 --out benchmarks/results/request_qwen2.5-coder-1.5b-instruct.json
+
+Writes the JSON (rewritten after each cell) and a markdown table beside it (same name, ``.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from elastic_attention.bench.timing import parse_tokens, run_header, write_result
+from elastic_attention.cache import cache_nbytes
+from elastic_attention.io import atomic_write_text
+
+#: The fields of a result row (the issue's names; a results script reads them).
+ROW_FIELDS = ("prompt_kind", "length", "batch", "mode", "baseline", "msr", "ttft_s", "decode_tokens_per_s",
+              "peak_memory_bytes", "kv_cache_bytes", "tokens_equal_reference")
+
+
+class TokenClock:
+    """A logits processor that stamps the time of each generated token (after synchronizing the device)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.stamps, self.started = device, [], 0.0
+
+    def start(self) -> None:
+        self.stamps = []
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.started = time.perf_counter()
+
+    def __call__(self, input_ids, scores):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.stamps.append(time.perf_counter() - self.started)
+        return scores
+
+
+def prompt_batches(tokenizer, suite_name: str, tasks: dict[str, str], length: int, rows: int, seed: int):
+    """kind -> the token ids of ``rows`` rows of that kind's task at ``length`` tokens."""
+    from elastic_attention.evaluation.suites import get_suite
+    from elastic_attention.rows import encode_row
+
+    suite = get_suite(suite_name)
+    return {kind: [encode_row(tokenizer, row).prompt_ids for row in suite.generate(task, length, seed, rows,
+                                                                                    tokenizer)]
+            for kind, task in tasks.items()}
+
+
+def left_padded(prompts: list[list[int]], batch: int, pad_id: int, device: torch.device):
+    """(input_ids [batch, S], attention_mask [batch, S]) of the prompts cycled to ``batch`` rows, padded on the left."""
+    chosen = [prompts[index % len(prompts)] for index in range(batch)]
+    width = max(map(len, chosen))
+    ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    for row, prompt in enumerate(chosen):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def timed_generate(model, ids, mask, new_tokens: int, pad_id: int, **generate_kwargs) -> dict:
+    """One greedy `generate` of exactly ``new_tokens`` tokens, timed by a `TokenClock`: ttft, decode speed, peak
+    memory (CUDA), the cache's bytes and the tokens ([batch, new_tokens] on the CPU)."""
+    clock = TokenClock(ids.device)
+    cuda = ids.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(ids.device)
+    clock.start()
+    with torch.no_grad():
+        output = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id,
+                                logits_processor=[clock], return_dict_in_generate=True, **generate_kwargs)
+    stamps = clock.stamps
+    decode_s = stamps[-1] - stamps[0]
+    return {
+        "ttft_s": stamps[0],
+        "decode_tokens_per_s": ids.shape[0] * (len(stamps) - 1) / decode_s if decode_s > 0 else float("nan"),
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device) if cuda else None,
+        "kv_cache_bytes": cache_nbytes(output.past_key_values),
+        "tokens": output.sequences[:, ids.shape[1]:].cpu(),
+    }
+
+
+def implied_cache_bytes(report, lengths: list[int], config, head_dim: int, element_size: int) -> int:
+    """Bytes the routing implies: per sequence of ``lengths`` tokens (prompt and generated), every entry of a head on
+    full attention (or XA), sink + local entries of a head on SSA; keys and values."""
+    decisions = report.decisions  # [N, L, Hkv], True = full attention
+    window = config.sink_tokens + config.local_tokens
+    streams = config.sparse_mode == "ssa"
+    total = 0
+    for sequence, length in enumerate(lengths):
+        full = int(decisions[sequence].sum())
+        sparse = decisions[sequence].numel() - full
+        total += full * length + sparse * (min(length, window) if streams else length)
+    return 2 * total * head_dim * element_size
+
+
+def run_cell(model, tokenizer, router: str, ids, mask, args, kind: str, length: int) -> list[dict]:
+    """The rows of one (prompt kind, length, batch): every dense setup, then elastic with its reference check."""
+    import elastic_attention as ea
+    from elastic_attention.integration import runtime_of
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batch, rows = ids.shape[0], []
+    common = {"prompt_kind": kind, "length": length, "batch": batch, "prompt_tokens": int(mask.sum(1).max())}
+    setups = [("sdpa", {})]
+    if ids.device.type == "cuda":
+        setups.append(("static_graph", {"cache_implementation": "static"}))
+    for name, kwargs in setups:
+        model.set_attn_implementation("sdpa")
+        original_forward = model.forward
+        if name == "static_graph":
+            model.forward = torch.compile(model.forward, mode="reduce-overhead")
+        try:
+            timed_generate(model, ids, mask, args.new_tokens, pad_id, **kwargs)  # warm-up: compile and capture
+            measured = timed_generate(model, ids, mask, args.new_tokens, pad_id, **kwargs)
+        finally:
+            model.forward = original_forward
+        rows.append({**common, "mode": "dense", "baseline": name, "msr": 0.0, **measured})
+    config = _adapter_config(model, router)
+    ea.attach(model, config, backend=args.backend, compile_decode=args.compile_decode)
+    ea.load_router(model, router)
+    try:
+        runtime = runtime_of(model)
+        timed_generate(model, ids, mask, args.new_tokens, pad_id)
+        measured = timed_generate(model, ids, mask, args.new_tokens, pad_id)
+        report = ea.routing_report(model)
+        lengths = [int(n) + args.new_tokens - 1 for n in mask.sum(1).tolist()]
+        element = next(model.parameters()).element_size()
+        row = {**common, "mode": "elastic", "baseline": None, "msr": float(report.msr.mean()), **measured,
+               "kv_cache_bytes_implied": implied_cache_bytes(report, lengths, config, runtime.head_dim, element),
+               "backend": runtime.backend.name, "compile_decode": args.compile_decode}
+    finally:
+        ea.detach(model)
+    ea.attach(model, config, backend="reference", cache="full", cuda_graphs=False)
+    ea.load_router(model, router)
+    try:
+        reference = timed_generate(model, ids, mask, args.new_tokens, pad_id)
+    finally:
+        ea.detach(model)
+    row["tokens_equal_reference"] = bool(torch.equal(reference["tokens"], row["tokens"]))
+    rows.append(row)
+    dense = [r for r in rows if r["mode"] == "dense"]
+    fastest_first = min(dense, key=lambda r: r["ttft_s"])
+    fastest_decode = max(dense, key=lambda r: r["decode_tokens_per_s"])
+    row.update(speedup_ttft=fastest_first["ttft_s"] / row["ttft_s"], speedup_ttft_over=fastest_first["baseline"],
+               speedup_decode=row["decode_tokens_per_s"] / fastest_decode["decode_tokens_per_s"],
+               speedup_decode_over=fastest_decode["baseline"])
+    return rows
+
+
+def _adapter_config(model, router: str):
+    """The `ElasticConfig` an adapter was trained with (read by attaching it once)."""
+    import elastic_attention as ea
+    from elastic_attention.integration import runtime_of
+
+    ea.load_router(model, router)
+    try:
+        return runtime_of(model).config
+    finally:
+        ea.detach(model)
+
+
+def markdown(result: dict) -> str:
+    """The results as one markdown table (a row per prompt kind, length, batch and setup)."""
+    lines = [f"Request benchmark, {result['device']}, {result['date']}: `{result['command']}`", "",
+             "| prompt kind | length | batch | mode | setup | MSR | TTFT (s) | decode (tok/s) | peak memory (GiB) | "
+             "KV cache (MiB) | tokens = reference |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in result["results"]:
+        peak = "-" if row["peak_memory_bytes"] is None else f"{row['peak_memory_bytes'] / 2**30:.2f}"
+        equal = "-" if row["tokens_equal_reference"] is None else str(row["tokens_equal_reference"]).lower()
+        lines.append(f"| {row['prompt_kind']} | {row['length']} | {row['batch']} | {row['mode']} | "
+                     f"{row['baseline'] or 'router'} | {row['msr']:.2f} | {row['ttft_s']:.3f} | "
+                     f"{row['decode_tokens_per_s']:.1f} | {peak} | {row['kv_cache_bytes'] / 2**20:.1f} | {equal} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(args) -> dict:
+    from elastic_attention.evaluation.pipeline import load_backbone
+
+    model, tokenizer = load_backbone(args.model, args.device, args.dtype)
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sensitive, robust = args.tasks.split(",")
+    result = {**run_header(device), "model": args.model, "router": args.router, "new_tokens": args.new_tokens,
+              "rows_per_kind": args.rows, "tasks": {"sensitive": sensitive, "robust": robust}, "results": []}
+    try:
+        import transformers
+
+        result["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    for length in args.lengths:
+        prompts = prompt_batches(tokenizer, args.suite, {"sensitive": sensitive, "robust": robust}, length, args.rows,
+                                 args.seed)
+        for batch in args.batch:
+            for kind, kind_prompts in prompts.items():
+                ids, mask = left_padded(kind_prompts, batch, pad_id, device)
+                for row in run_cell(model, tokenizer, args.router, ids, mask, args, kind, length):
+                    row.pop("tokens")
+                    row.setdefault("tokens_equal_reference", None)
+                    result["results"].append(row)
+                write_result(args.out, result)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    atomic_write_text(args.out.with_suffix(".md"), markdown(result))
+    return result
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="elastic-attention bench request", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a local Hugging Face model folder")
+    parser.add_argument("--router", required=True, help="the router adapter folder for that model")
+    parser.add_argument("--tasks", default="passkey,next_line", help="SENSITIVE,ROBUST: one task of each kind")
+    parser.add_argument("--suite", default="code", choices=["code", "synthetic"])
+    parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("16k,32k"))
+    parser.add_argument("--batch", type=lambda text: [int(b) for b in text.split(",")], default=[1, 8])
+    parser.add_argument("--rows", type=int, default=4, help="rows of each kind (cycled to fill a batch)")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", default="auto", help="elastic attention's prefill backend")
+    parser.add_argument("--compile-decode", action="store_true", help="compile the captured decode steps' layers")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if len(args.tasks.split(",")) != 2:
+        parser.error(f"--tasks takes SENSITIVE,ROBUST, got {args.tasks!r}")
+    if args.new_tokens < 2:
+        parser.error("--new-tokens must be at least 2 (a first token and a decode step)")
+    return args
+
+
+def main(argv=None) -> None:
+    run(parse_args(argv))

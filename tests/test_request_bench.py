@@ -1,0 +1,60 @@
+"""`bench request` on a CPU with the tiny backbone: every field the results scripts read, the dense cache's bytes by
+formula, the routed cache within the issue's 10% of what its routing implies, tokens equal the reference path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from elastic_attention.assets import TINY_BACKBONE
+from elastic_attention.bench import request
+from elastic_attention.cli import main as cli_main
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory):
+    import elastic_attention as ea
+    from elastic_attention.evaluation.pipeline import load_backbone
+
+    model, _ = load_backbone(TINY_BACKBONE, "cpu")
+    torch.manual_seed(0)  # untrained routers: with this seed they send 4 of the 8 heads to sparse attention
+    ea.attach(model, ea.ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8))
+    return ea.save_router(model, tmp_path_factory.mktemp("router") / "router")
+
+
+def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_path):
+    out = tmp_path / "request_tiny.json"
+    assert cli_main(["bench", "request", "--model", str(TINY_BACKBONE), "--router", str(router), "--tasks",
+                     "needle_single,local_recall", "--suite", "synthetic", "--lengths", "600", "--batch", "1,3",
+                     "--rows", "2", "--new-tokens", "5", "--device", "cpu", "--dtype", "float32", "--out",
+                     str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["results"]
+    assert [(r["prompt_kind"], r["batch"], r["mode"]) for r in rows] == [
+        (kind, batch, mode) for batch in (1, 3) for kind in ("sensitive", "robust") for mode in ("dense", "elastic")]
+    config = json.loads((TINY_BACKBONE / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    for row in rows:
+        assert set(request.ROW_FIELDS) <= set(row) and row["length"] == 600
+        if row["mode"] == "dense":
+            assert row["baseline"] == "sdpa" and row["msr"] == 0.0 and row["tokens_equal_reference"] is None
+            cached = row["prompt_tokens"] + 5 - 1
+            assert row["kv_cache_bytes"] == (2 * config["num_hidden_layers"] * config["num_key_value_heads"]
+                                             * row["batch"] * cached * head_dim * 4)
+        else:
+            assert row["baseline"] is None and row["msr"] == pytest.approx(0.5)
+            assert row["tokens_equal_reference"] is True  # float32 on the CPU: the same tokens as the reference path
+            assert 1.0 <= row["kv_cache_bytes"] / row["kv_cache_bytes_implied"] <= 1.10
+            assert row["ttft_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["speedup_ttft_over"] == "sdpa"
+    table = out.with_suffix(".md").read_text()
+    assert table.count("| sensitive | 600 |") == 4 and "| elastic | router | 0.50 |" in table
+
+
+def test_bad_request_arguments_are_refused(capsys):
+    for argv, message in ((["--tasks", "passkey"], "--tasks takes SENSITIVE,ROBUST"),
+                          (["--new-tokens", "1"], "--new-tokens must be at least 2")):
+        with pytest.raises(SystemExit):
+            request.parse_args(["--model", "m", "--router", "r", "--out", "o.json", *argv])
+        assert message in capsys.readouterr().err
