@@ -347,18 +347,19 @@ def test_generate_compare_sets_the_plain_model_beside_the_routed_one(tmp_path, c
     ea.save_router(model, tmp_path / "router")
     prompt = generate("needle_single", 600, 0, 1)[0].prompt
     assert cli_main(["generate", "--model", str(TINY_BACKBONE), "--router", str(tmp_path / "router"), "--prompt",
-                     prompt, "--max-new-tokens", "4", "--device", "cpu", "--dtype", "float32", "--raw", "--compare"]) == 0
+                     prompt, "--max-new-tokens", "4", "--device", "cpu", "--dtype", "float32", "--raw",
+                     "--compare"]) == 0
     printed = capsys.readouterr().out
     assert "plain model" in printed and "elastic / plain" in printed and "one run each" in printed
     plain_model, _ = load_backbone(TINY_BACKBONE, "cpu")
     ids = torch.tensor([tokenizer.encode(prompt)])
-    plain = showcase.timed_generation(plain_model, ids, 4)
+    plain = showcase.timed_generation(plain_model, tokenizer, ids, 4)
     config = plain_model.config
-    cached = ids.shape[1] + len(plain["tokens"]) - 1
+    cached = ids.shape[1] + plain["tokens"].shape[1] - 1
     assert plain["kv_cache_bytes"] == 2 * config.num_hidden_layers * config.num_key_value_heads * cached * \
         config.head_dim * 4
     routed = showcase.timed_generation(ea.load_router(load_backbone(TINY_BACKBONE, "cpu")[0], tmp_path / "router"),
-                                       ids, 4)
+                                       tokenizer, ids, 4)
     assert routed["kv_cache_bytes"] < 0.8 * plain["kv_cache_bytes"]
     assert f"{plain['kv_cache_bytes'] / 2**20:>10.2f} MiB" in printed
     assert cli_main(["generate", "--model", str(TINY_BACKBONE), "--prompt", "hi", "--compare"]) == 2

@@ -28,37 +28,16 @@ Writes the JSON (rewritten after each cell) and a markdown table beside it (same
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import torch
 
-from elastic_attention.bench.timing import parse_tokens, run_header, write_result
-from elastic_attention.cache import cache_nbytes
+from elastic_attention.bench.timing import parse_tokens, run_header, timed_generate, write_result
 from elastic_attention.io import atomic_write_text
 
 #: The fields of a result row (the issue's names; a results script reads them).
 ROW_FIELDS = ("prompt_kind", "length", "batch", "mode", "baseline", "msr", "ttft_s", "decode_tokens_per_s",
               "peak_memory_bytes", "kv_cache_bytes", "tokens_equal_reference")
-
-
-class TokenClock:
-    """A logits processor that stamps the time of each generated token (after synchronizing the device)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.stamps, self.started = device, [], 0.0
-
-    def start(self) -> None:
-        self.stamps = []
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.started = time.perf_counter()
-
-    def __call__(self, input_ids, scores):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.stamps.append(time.perf_counter() - self.started)
-        return scores
 
 
 def prompt_batches(tokenizer, suite_name: str, tasks: dict[str, str], length: int, rows: int, seed: int):
@@ -84,29 +63,6 @@ def left_padded(prompts: list[list[int]], batch: int, pad_id: int, device: torch
     return ids.to(device), mask.to(device)
 
 
-def timed_generate(model, ids, mask, new_tokens: int, pad_id: int, **generate_kwargs) -> dict:
-    """One greedy `generate` of exactly ``new_tokens`` tokens, timed by a `TokenClock`: ttft, decode speed, peak
-    memory (CUDA), the cache's bytes and the tokens ([batch, new_tokens] on the CPU)."""
-    clock = TokenClock(ids.device)
-    cuda = ids.device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(ids.device)
-    clock.start()
-    with torch.no_grad():
-        output = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                                min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id,
-                                logits_processor=[clock], return_dict_in_generate=True, **generate_kwargs)
-    stamps = clock.stamps
-    decode_s = stamps[-1] - stamps[0]
-    return {
-        "ttft_s": stamps[0],
-        "decode_tokens_per_s": ids.shape[0] * (len(stamps) - 1) / decode_s if decode_s > 0 else float("nan"),
-        "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device) if cuda else None,
-        "kv_cache_bytes": cache_nbytes(output.past_key_values),
-        "tokens": output.sequences[:, ids.shape[1]:].cpu(),
-    }
-
-
 def implied_cache_bytes(report, lengths: list[int], config, head_dim: int, element_size: int) -> int:
     """Bytes the routing implies: per sequence of ``lengths`` tokens (prompt and generated), every entry of a head on
     full attention (or XA), sink + local entries of a head on SSA; keys and values."""
@@ -121,12 +77,11 @@ def implied_cache_bytes(report, lengths: list[int], config, head_dim: int, eleme
     return 2 * total * head_dim * element_size
 
 
-def run_cell(model, tokenizer, router: str, ids, mask, args, kind: str, length: int) -> list[dict]:
+def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length: int) -> list[dict]:
     """The rows of one (prompt kind, length, batch): every dense setup, then elastic with its reference check."""
     import elastic_attention as ea
     from elastic_attention.integration import runtime_of
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch, rows = ids.shape[0], []
     common = {"prompt_kind": kind, "length": length, "batch": batch, "prompt_tokens": int(mask.sum(1).max())}
     setups = [("sdpa", {})]
@@ -202,27 +157,24 @@ def markdown(result: dict) -> str:
 
 
 def run(args) -> dict:
+    import transformers
+
     from elastic_attention.evaluation.pipeline import load_backbone
 
     model, tokenizer = load_backbone(args.model, args.device, args.dtype)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sensitive, robust = args.tasks.split(",")
-    result = {**run_header(device), "model": args.model, "router": args.router, "new_tokens": args.new_tokens,
-              "rows_per_kind": args.rows, "tasks": {"sensitive": sensitive, "robust": robust}, "results": []}
-    try:
-        import transformers
-
-        result["transformers"] = transformers.__version__
-    except ImportError:
-        pass
+    result = {**run_header(device), "transformers": transformers.__version__, "model": args.model,
+              "router": args.router, "new_tokens": args.new_tokens, "rows_per_kind": args.rows,
+              "tasks": {"sensitive": sensitive, "robust": robust}, "results": []}
     for length in args.lengths:
         prompts = prompt_batches(tokenizer, args.suite, {"sensitive": sensitive, "robust": robust}, length, args.rows,
                                  args.seed)
         for batch in args.batch:
             for kind, kind_prompts in prompts.items():
                 ids, mask = left_padded(kind_prompts, batch, pad_id, device)
-                for row in run_cell(model, tokenizer, args.router, ids, mask, args, kind, length):
+                for row in run_cell(model, pad_id, args.router, ids, mask, args, kind, length):
                     row.pop("tokens")
                     row.setdefault("tokens_equal_reference", None)
                     result["results"].append(row)

@@ -113,3 +113,61 @@ def write_result(path: Path, result: dict) -> None:
     """Write ``result`` as indented JSON, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(result, indent=2))
+
+
+class TokenClock:
+    """A logits processor that stamps the time of each generated token (after synchronizing the device)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.stamps, self.started = device, [], 0.0
+
+    def start(self) -> None:
+        self.stamps = []
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.started = time.perf_counter()
+
+    def __call__(self, input_ids, scores):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.stamps.append(time.perf_counter() - self.started)
+        return scores
+
+
+def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int, *,
+                   exact: bool = True, **generate_kwargs) -> dict:
+    """One greedy `generate` after ``ids`` [B, S] (``mask`` [B, S], left padding), timed by a `TokenClock`.
+
+    Args:
+        new_tokens: tokens to generate; with ``exact`` every one of them (end of sequence suppressed), else up to the
+            model's end-of-sequence token.
+        generate_kwargs: more arguments of `generate` (``cache_implementation="static"``, ...).
+
+    Returns:
+        ``ttft_s`` (seconds to the first token: routing, prefill and its sampling), ``decode_s`` (seconds from the
+        first token to the last), ``decode_tokens_per_s`` (B x further tokens over ``decode_s``),
+        ``peak_memory_bytes`` (CUDA; None elsewhere), ``kv_cache_bytes`` (what the cache holds at the end) and
+        ``tokens`` ([B, generated] on the CPU).
+    """
+    from elastic_attention.cache import cache_nbytes
+
+    clock = TokenClock(ids.device)
+    cuda = ids.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(ids.device)
+    clock.start()
+    with torch.no_grad():
+        output = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                min_new_tokens=new_tokens if exact else None, do_sample=False, pad_token_id=pad_id,
+                                logits_processor=[clock], return_dict_in_generate=True, **generate_kwargs)
+    stamps = clock.stamps
+    decode_s = stamps[-1] - stamps[0]
+    return {
+        "ttft_s": stamps[0],
+        "decode_s": decode_s,
+        "decode_tokens_per_s": ids.shape[0] * (len(stamps) - 1) / decode_s if decode_s > 0 else float("nan"),
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device) if cuda else None,
+        "kv_cache_bytes": cache_nbytes(output.past_key_values),
+        "tokens": output.sequences[:, ids.shape[1]:].cpu(),
+    }
+

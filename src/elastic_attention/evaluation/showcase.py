@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from elastic_attention.adapters import load_router
+from elastic_attention.bench.timing import timed_generate
 from elastic_attention.evaluation.pipeline import load_backbone
 from elastic_attention.evaluation.runner import evaluate_rows
 from elastic_attention.evaluation.suites import suite_of
@@ -92,7 +93,7 @@ def run_try_command(
     rows = [(task, row) for task in tasks for row in suite_of(task).generate(task, length, seed, samples, tokenizer)]
     prompts = [torch.tensor([encode_row(tokenizer, row).prompt_ids], device=next(model.parameters()).device)
                for _, row in rows]
-    plain = [timed_generation(model, ids, new_tokens) for ids in prompts] if compare else []
+    plain = [timed_generation(model, tokenizer, ids, new_tokens) for ids in prompts] if compare else []
     load_router(model, router)
     config = runtime_of(model).config
     for index, (task, row) in enumerate(rows):
@@ -112,7 +113,7 @@ def run_try_command(
             *routing_lines(result["decisions"][0], routing_report(model).layers),
         )
         if compare:
-            routed = timed_generation(model, prompts[index], new_tokens)
+            routed = timed_generation(model, tokenizer, prompts[index], new_tokens)
             say(*("  " + line for line in comparison_lines(plain[index], routed, str(prompts[index].device))))
     return "\n".join(lines)
 
@@ -147,15 +148,15 @@ def run_generate_command(
     plain = None
     if compare:
         say(f"the plain model: {len(ids)} prompt tokens, up to {max_new_tokens} new, on {input_ids.device} ({dtype})")
-        plain = timed_generation(model, input_ids, max_new_tokens)
+        plain = timed_generation(model, tokenizer, input_ids, max_new_tokens)
     if router is not None:
         load_router(model, router)
     say(f"{'the routed model' if router else 'the model'}: {len(ids)} prompt tokens, up to {max_new_tokens} new, on "
         f"{input_ids.device} ({dtype})")
-    measured = timed_generation(model, input_ids, max_new_tokens)
-    continuation = tokenizer.decode(measured["tokens"], skip_special_tokens=True)
-    lines = [continuation, "", f"{len(ids)} prompt tokens, {len(measured['tokens'])} new, "
-                               f"{measured['prefill_s'] + measured['decode_s']:.1f} s"]
+    measured = timed_generation(model, tokenizer, input_ids, max_new_tokens)
+    continuation = tokenizer.decode(measured["tokens"][0], skip_special_tokens=True)
+    lines = [continuation, "", f"{len(ids)} prompt tokens, {measured['tokens'].shape[1]} new, "
+                               f"{measured['ttft_s'] + measured['decode_s']:.1f} s"]
     if chat and not templated:
         lines.append("the tokenizer has no chat template: the prompt went in as plain text (as with --raw)")
     if router is None:
@@ -175,54 +176,26 @@ def run_generate_command(
     return "\n".join(lines)
 
 
-def timed_generation(model, input_ids, new_tokens: int) -> dict:
-    """Greedy generation of up to ``new_tokens`` tokens after ``input_ids`` ([1, S]), timed: one prefill forward
-    (its last logits give the first token), then one forward per further token over the model's own cache, until
-    an end-of-sequence token of the model's generation config.
-
-    Returns:
-        ``prefill_s`` (seconds to the first token), ``decode_s`` (seconds of the further steps),
-        ``decode_tokens_per_s``, ``kv_cache_bytes`` (what the cache holds at the end) and ``tokens`` (the ids).
-    """
-    from elastic_attention.cache import cache_nbytes
-
-    synchronize = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
-    with torch.no_grad():
-        synchronize()
-        started = time.perf_counter()
-        output = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
-        token = output.logits[:, -1].argmax(-1, keepdim=True)
-        synchronize()
-        prefill_s = time.perf_counter() - started
-        cache, tokens = output.past_key_values, [int(token)]
-        stop = model.generation_config.eos_token_id
-        stop = set(stop if isinstance(stop, list) else [] if stop is None else [stop])
-        started = time.perf_counter()
-        while len(tokens) < new_tokens and tokens[-1] not in stop:
-            output = model(input_ids=token, past_key_values=cache, use_cache=True)
-            token = output.logits[:, -1].argmax(-1, keepdim=True)
-            tokens.append(int(token))
-        synchronize()
-        decode_s = time.perf_counter() - started
-    steps = len(tokens) - 1
-    return {"prefill_s": prefill_s, "decode_s": decode_s,
-            "decode_tokens_per_s": steps / decode_s if steps and decode_s > 0 else float("nan"),
-            "kv_cache_bytes": cache_nbytes(cache), "tokens": tokens}
+def timed_generation(model, tokenizer, input_ids: torch.Tensor, new_tokens: int) -> dict:
+    """`bench.timing.timed_generate` of one prompt ``input_ids`` [1, S], up to the end-of-sequence token."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return timed_generate(model, input_ids, torch.ones_like(input_ids), new_tokens, pad_id, exact=False)
 
 
 def comparison_lines(plain: dict, elastic: dict, device: str) -> list[str]:
     """The side-by-side table of `timed_generation` results: the plain model, the routed one and their ratios."""
     def row(name: str, result: dict) -> str:
-        return (f"{name:<16} {result['prefill_s']:>9.3f} s {result['decode_tokens_per_s']:>10.1f} tok/s "
+        return (f"{name:<16} {result['ttft_s']:>9.3f} s {result['decode_tokens_per_s']:>10.1f} tok/s "
                 f"{result['kv_cache_bytes'] / 2**20:>10.2f} MiB")
 
-    same = "the same tokens" if plain["tokens"] == elastic["tokens"] else "different tokens (routing changed them)"
+    same = ("the same tokens" if torch.equal(plain["tokens"], elastic["tokens"])
+            else "different tokens (routing changed them)")
     return [
         f"on {device}, one run each (times vary; a first call warms up): {same}",
         f"{'':<16} {'prefill':>11} {'decode':>16} {'KV cache':>14}",
         row("plain model", plain),
         row("elastic", elastic),
-        f"{'elastic / plain':<16} {elastic['prefill_s'] / plain['prefill_s']:>10.2f}x "
+        f"{'elastic / plain':<16} {elastic['ttft_s'] / plain['ttft_s']:>10.2f}x "
         f"{elastic['decode_tokens_per_s'] / plain['decode_tokens_per_s']:>15.2f}x "
         f"{elastic['kv_cache_bytes'] / plain['kv_cache_bytes']:>13.2f}x",
     ]
