@@ -215,7 +215,7 @@ case ${1:-} in
       # one work folder per run (its name: the run folder's), so several runs can train side by side
       work=/tmp/real-train/$(basename "$RUN")
       rm -rf "$work" && mkdir -p "$work" && cp -r src configs "$work/" && echo "$RUN" > "$work/run"
-      PYTHONPATH=$work/src setsid nohup python3 -m elastic_attention.cli train "$work/$config" \
+      PYTHONPATH=$work/src PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True setsid nohup python3 -m elastic_attention.cli train "$work/$config" \
         model="$MODEL" output_dir="$RUN" --no-progress ${RESUME:+--resume} > "$work/train.log" 2>&1 < /dev/null &
       echo $! > "$work/pid"
       [ -n "${NO_WAIT:-}" ] && { echo "real-train started in $work"; exit 0; }

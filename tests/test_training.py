@@ -188,6 +188,8 @@ def test_config_validation_names_the_field(tmp_path):
         TrainConfig(model="m", steps=0)
     with pytest.raises(ConfigError, match="`margin_limit` must be a positive number"):
         TrainConfig(model="m", margin_limit=0.0)
+    with pytest.raises(ConfigError, match="`max_seconds` must be a positive number of seconds or null, got 0"):
+        TrainConfig(model="m", max_seconds=0)
     for probability in (0.0, 1.0):
         with pytest.raises(ConfigError, match="`initial_full_probability` must be in \\(0, 1\\)"):
             TrainConfig(model="m", initial_full_probability=probability)
@@ -504,6 +506,38 @@ def test_a_distillation_run_logs_its_kl(tmp_path, random_suite_backbone):
     rows = list(csv.DictReader((tmp_path / "distill" / "metrics.csv").open()))
     assert len(rows) == 2 and all(float(row["lm_loss"]) >= 0 for row in rows)
     assert all(float(row["lm_loss/needle_single"]) >= 0 for row in rows)
+
+
+def test_a_time_budget_stops_the_run_with_its_schedules_run_out(tmp_path, random_suite_backbone, monkeypatch):
+    """Each step takes 10 s of a fake clock; with 25 s for 6 steps the run stops after 3, its temperature and
+    learning rate at the positions the budget sets (max of step / steps and elapsed / max_seconds, in steps)."""
+    from elastic_attention.training import train
+    from elastic_attention.training import trainer as trainer_module
+
+    clock = [0.0]
+    monkeypatch.setattr(trainer_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    one_step = trainer_module.RouterTrainer.train_step
+
+    def ten_second_step(self):
+        clock[0] += 10.0
+        return one_step(self)
+
+    monkeypatch.setattr(trainer_module.RouterTrainer, "train_step", ten_second_step)
+    config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "budget", steps=6, max_seconds=25,
+                                                lr_schedule="cosine", warmup_fraction=0.0))
+    summary = train(config, progress=False)
+    assert (summary["steps"], summary["stopped_by"], summary["train_seconds"]) == (3, "max_seconds", 30.0)
+    rows = list(csv.DictReader((tmp_path / "budget" / "metrics.csv").open()))
+    positions = [0.0, 2.4, 4.8]  # max(step, 10 * step / 25 * 6)
+    assert [float(row["temperature"]) for row in rows] == pytest.approx(
+        [config.temperature.at(position, 6) for position in positions])
+    assert float(rows[-1]["temperature"]) == config.temperature.end
+    assert [float(row["lr"]) for row in rows] == pytest.approx(
+        [config.router_lr * 0.5 * (1 + math.cos(math.pi * position / 6)) for position in positions])
+    checkpoint = json.loads((tmp_path / "budget" / "checkpoints" / "step-000003" / "state.json").read_text())
+    assert checkpoint["train_seconds"] == 30.0
+    resumed = train(config, resume=True, progress=False)  # the budget is spent: nothing more to train
+    assert (resumed["steps"], resumed["stopped_by"]) == (3, "max_seconds")
 
 
 def runtime_forced(model):

@@ -92,6 +92,10 @@ class TrainConfig:
             paper's CE(Y | X)), or ``"distillation"``, the KL divergence from the same model's full-attention
             distribution (a no-grad teacher forward with every head full, about one more forward per pack).
         steps: optimizer steps.
+        max_seconds: training wall-clock budget, seconds (null: none; setup and calibration not counted): the run
+            stops at ``steps`` or when the budget is spent, whichever comes first. The schedules (warm-up, learning
+            rate, temperature) follow the larger of ``step / steps`` and ``elapsed / max_seconds``, so a run stopped
+            by its budget ends annealed, as a run of fewer steps would.
         packs_per_step: global batch, in packs.
         router_lr, multiplier_lr, weight_decay, warmup_fraction, grad_clip: optimisation.
         lr_schedule: the router learning rate after its linear warm-up: ``"cosine"`` (decays to 0 at the last step)
@@ -125,6 +129,7 @@ class TrainConfig:
     linear_term: str = "signed"
     lm_loss: str = "cross_entropy"
     steps: int = 100
+    max_seconds: float | None = None
     packs_per_step: int = 4
     router_lr: float = 5e-4
     multiplier_lr: float = 1e-3
@@ -162,6 +167,8 @@ class TrainConfig:
         for name in ("steps", "packs_per_step"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"`{name}` must be at least 1, got {getattr(self, name)}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ConfigError(f"`max_seconds` must be a positive number of seconds or null, got {self.max_seconds}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"`checkpoint_every` must be >= 0, got {self.checkpoint_every}")
         if self.distributed not in ("none", "ddp", "fsdp"):

@@ -62,6 +62,7 @@ class RouterTrainer:
         self.output_dir = Path(config.output_dir)
         self.rank, self.world_size = distributed_rank()
         self.step = 0
+        self.train_seconds = 0.0  # seconds spent in training steps, over resumes too
         self.history: list[dict] = []
         self._lock = None
 
@@ -202,9 +203,14 @@ class RouterTrainer:
         config = self.config
         bar = self._bar()
         writer = open_tensorboard(self.output_dir, self.step) if self.rank == 0 else None
-        started = time.perf_counter()
+        started, seconds_before = time.perf_counter(), self.train_seconds
         step_seconds, step_tokens = [], []
+        stopped_by = "steps"
         while self.step < config.steps:
+            self.train_seconds = self._agreed_seconds(seconds_before + time.perf_counter() - started)
+            if config.max_seconds is not None and self.train_seconds >= config.max_seconds:
+                stopped_by = "max_seconds"
+                break
             began = time.perf_counter()
             metrics = self.train_step()
             step_seconds.append(time.perf_counter() - began)
@@ -217,25 +223,50 @@ class RouterTrainer:
                     bar.set_postfix_str(_postfix(metrics))
             self.step += 1
             if config.checkpoint_every and self.step % config.checkpoint_every == 0 and self.step < config.steps:
+                self.train_seconds = seconds_before + time.perf_counter() - started
                 self.save_checkpoint()
+        self.train_seconds = seconds_before + time.perf_counter() - started
         if bar is not None:
             bar.close()
         if writer is not None:
             writer.close()
-        summary = {"steps": self.step, "seconds": time.perf_counter() - started, "final": self.history[-1]
-                   if self.history else {}, "tokens": sum(step_tokens)}
+        if stopped_by == "max_seconds":
+            logger.info("stopped by max_seconds (%g s) after %d of %d steps", config.max_seconds, self.step,
+                        config.steps)
+        summary = {"steps": self.step, "stopped_by": stopped_by, "seconds": time.perf_counter() - started,
+                   "train_seconds": self.train_seconds, "final": self.history[-1] if self.history else {},
+                   "tokens": sum(step_tokens)}
         if len(step_seconds) > 1:
             # The first step compiles kernels and warms caches; throughput is measured over the others.
             summary["tokens_per_second"] = sum(step_tokens[1:]) / sum(step_seconds[1:])
+        if self.device.type == "cuda":
+            summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.device)
         return summary
+
+    def _agreed_seconds(self, seconds: float) -> float:
+        """Rank 0's training seconds on every process, so that all stop at the same step (one broadcast a step,
+        only under a time budget)."""
+        if self.world_size == 1 or self.config.max_seconds is None:
+            return seconds
+        value = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        dist.broadcast(value, src=0)
+        return float(value)
+
+    def schedule_step(self) -> float:
+        """Where the schedules stand, in steps: ``self.step``, or further when the time budget is ahead of it
+        (``train_seconds / max_seconds`` of ``steps``)."""
+        if self.config.max_seconds is None:
+            return float(self.step)
+        return max(float(self.step), self.train_seconds / self.config.max_seconds * self.config.steps)
 
     def train_step(self) -> dict:
         """One optimizer step over the packs of ``self.step`` that belong to this process."""
         config = self.config
-        temperature = config.temperature.at(self.step, config.steps)
+        position = self.schedule_step()
+        temperature = config.temperature.at(position, config.steps)
         for router in routers_of(self.model).values():
             router.temperature = temperature
-        scale = self._lr_scale(self.step)
+        scale = self._lr_scale(position)
         for group in self.optimizer.param_groups[:2]:
             group["lr"] = config.router_lr * scale
         self.optimizer.zero_grad(set_to_none=True)
@@ -272,7 +303,7 @@ class RouterTrainer:
         self.optimizer.step()
         return self._metrics(sums, task_msr, task_lm, len(order), temperature, scale)
 
-    def _lr_scale(self, step: int) -> float:
+    def _lr_scale(self, step: float) -> float:
         warmup = round(self.config.warmup_fraction * self.config.steps)
         if step < warmup:
             return linear_warmup(step, warmup)
@@ -341,7 +372,8 @@ class RouterTrainer:
         if self.rank != 0:
             return None
         _, groups = flatten_optimizer(self.optimizer.state_dict())
-        scalars = {"param_groups": groups, "history": self.history, "config": self.config.to_dict()}
+        scalars = {"param_groups": groups, "history": self.history, "config": self.config.to_dict(),
+                   "train_seconds": self.train_seconds}
         return save_checkpoint(self.output_dir / "checkpoints", self.step, tensors, scalars)
 
     def _router_buffers(self) -> dict[str, torch.Tensor]:
@@ -366,6 +398,7 @@ class RouterTrainer:
         optimizer_state = unflatten_optimizer(tensors, scalars["param_groups"])
         self.optimizer.load_state_dict(optimizer_state)
         self.step, self.history = step, scalars["history"]
+        self.train_seconds = scalars.get("train_seconds", 0.0)  # absent in checkpoints written before max_seconds
         if self.rank == 0:
             rewrite_metrics(self.output_dir / "metrics.csv", self.history)
         logger.info("resumed from step %d", step)
