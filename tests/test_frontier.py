@@ -89,3 +89,19 @@ def test_the_plot_draws_every_router_run(tmp_path, monkeypatch):
     plot_pareto({"first": rows(), "second": second}, [16384], tmp_path / "p.png")
     assert drawn == ["joint searched head set", "retrieval-score static hybrid", "full attention", "all SSA",
                      "elastic: first", "elastic: second"]
+
+
+def test_real_model_bars_compare_elastic_with_the_searched_set_at_its_msr():
+    bars_script = load_script("real_model_bars")
+    at_16k = rows(modes={"elastic": MODES["elastic"], "heads": (0.6, {"needle": 1.0, "chain": 0.6, "recent": 0.5})})
+    at_8k = rows(8192, modes={"elastic": MODES["elastic"], "heads": (0.6, {"needle": 1.0, "chain": 0.8, "recent": 0.5})})
+    lines = bars_script.heads_bar(at_16k + at_8k, [8192, 16384])
+    # 16K: elastic keeps every task (100%), the set keeps chain 0.6 / 0.8: (1 + 0.75 + 1) / 3 = 91.7%, 8.3 points less
+    assert lines == [
+        "elastic's mean retention >= the searched set's + 2 points at 8K: missed (elastic 100.0% at MSR 0.633, heads "
+        "100.0% at MSR 0.600: +0.0 points)",
+        "elastic's mean retention >= the searched set's + 2 points at 16K: met (elastic 100.0% at MSR 0.633, heads "
+        "91.7% at MSR 0.600: +8.3 points)"]
+    table = bars_script.table(at_16k)
+    assert table.splitlines()[0] == "| task | kind | length | full | elastic (MSR) | kept | heads (MSR) |"
+    assert "| chain | sensitive | 16K | 0.800 | 0.800 (0.60) | 100% | 0.600 (0.60) |" in table

@@ -1,4 +1,5 @@
-"""The committed router adapter for Qwen2.5-Coder-0.5B-Instruct, on a random-weight Qwen2 of the model's shape."""
+"""The committed router adapters for Qwen2.5-Coder-0.5B- and 1.5B-Instruct, each on a random-weight Qwen2 of its
+model's shape."""
 
 from __future__ import annotations
 
@@ -11,22 +12,29 @@ from elastic_attention.adapters import WEIGHTS_FILE
 from elastic_attention.assets import QWEN_CODER_ROUTER
 
 
-def qwen_coder_shape(layers: int = 24):
-    """Qwen2.5-Coder-0.5B-Instruct's attention shape (24 layers, 14 query / 2 KV heads, head_dim 64, hidden 896,
-    rope base 1e6) with a small MLP and vocabulary, random weights."""
+#: adapter folder -> its model's attention shape: layers, hidden size, query heads, KV heads (rope base 1e6).
+SHAPES = {
+    QWEN_CODER_ROUTER: {"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14,
+                        "num_key_value_heads": 2},
+}
+
+
+def qwen_coder_shape(shape: dict, **changes):
+    """A Qwen2.5-Coder model's attention shape with a small MLP and vocabulary, random weights."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=512, hidden_size=896, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                         rope_theta=1e6, use_sliding_window=False, tie_word_embeddings=False)
+    config = Qwen2Config(vocab_size=512, intermediate_size=128, max_position_embeddings=32768, rope_theta=1e6,
+                         use_sliding_window=False, tie_word_embeddings=False, **{**shape, **changes})
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config).eval()
 
 
-def test_committed_adapter_loads_and_routes_each_sample():
-    model = qwen_coder_shape()
-    load_router(model, QWEN_CODER_ROUTER, backend="reference")
-    saved = load_file(QWEN_CODER_ROUTER / WEIGHTS_FILE)
+@pytest.mark.parametrize("adapter", list(SHAPES), ids=lambda path: path.name)
+def test_committed_adapter_loads_and_routes_each_sample(adapter):
+    shape = SHAPES[adapter]
+    model = qwen_coder_shape(shape)
+    load_router(model, adapter, backend="reference")
+    saved = load_file(adapter / WEIGHTS_FILE)
     loaded = {f"layers.{i}.{name}": tensor for i, router in routers_of(model).items()
               for name, tensor in router.state_dict().items()}
     assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k].float(), saved[k]) for k in saved)
@@ -36,7 +44,7 @@ def test_committed_adapter_loads_and_routes_each_sample():
     with torch.no_grad():
         routed = model(inputs).logits
         report = routing_report(model)
-        assert report.decisions.shape == (2, 24, 2)
+        assert report.decisions.shape == (2, shape["num_hidden_layers"], shape["num_key_value_heads"])
         assert torch.all((0 <= report.msr) & (report.msr <= 1))
         # Each sample's routing is its own: the same as when it runs alone.
         for row in range(2):
@@ -47,6 +55,7 @@ def test_committed_adapter_loads_and_routes_each_sample():
     assert routed.shape == full.shape and torch.isfinite(routed).all()
 
 
-def test_committed_adapter_refuses_another_shape():
+@pytest.mark.parametrize("adapter", list(SHAPES), ids=lambda path: path.name)
+def test_committed_adapter_refuses_another_shape(adapter):
     with pytest.raises(AdapterMismatchError, match="num_hidden_layers"):
-        load_router(qwen_coder_shape(layers=12), QWEN_CODER_ROUTER, backend="reference")
+        load_router(qwen_coder_shape(SHAPES[adapter], num_hidden_layers=12), adapter, backend="reference")

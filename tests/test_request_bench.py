@@ -32,12 +32,14 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
                      str(out)]) == 0
     result = json.loads(out.read_text())
     rows = result["results"]
-    assert [(r["prompt_kind"], r["batch"], r["mode"]) for r in rows] == [
-        (kind, batch, mode) for batch in (1, 3) for kind in ("sensitive", "robust") for mode in ("dense", "elastic")]
+    assert [(r["prompt_kind"], r["batch"], r["mode"], r.get("compile_decode")) for r in rows] == [
+        (kind, batch, mode, compiled) for batch in (1, 3) for kind in ("sensitive", "robust")
+        for mode, compiled in (("dense", None), ("elastic", False), ("elastic", True))]
     config = json.loads((TINY_BACKBONE / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     for row in rows:
         assert set(request.ROW_FIELDS) <= set(row) and row["length"] == 600
+        assert row["first_call_s"] > 0
         if row["mode"] == "dense":
             assert row["baseline"] == "sdpa" and row["msr"] == 0.0 and row["tokens_equal_reference"] is None
             cached = row["prompt_tokens"] + 5 - 1
@@ -49,12 +51,14 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
             assert 1.0 <= row["kv_cache_bytes"] / row["kv_cache_bytes_implied"] <= 1.10
             assert row["ttft_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["speedup_ttft_over"] == "sdpa"
     table = out.with_suffix(".md").read_text()
-    assert table.count("| sensitive | 600 |") == 4 and "| elastic | router | 0.50 |" in table
+    assert table.count("| sensitive | 600 |") == 6 and "| elastic | router | 0.50 |" in table
+    assert "| elastic | router, compiled | 0.50 |" in table
 
 
 def test_bad_request_arguments_are_refused(capsys):
     for argv, message in ((["--tasks", "passkey"], "--tasks takes SENSITIVE,ROBUST"),
-                          (["--new-tokens", "1"], "--new-tokens must be at least 2")):
+                          (["--new-tokens", "1"], "--new-tokens must be at least 2"),
+                          (["--compile-decode", "yes"], "takes off, on or off,on; got 'yes'")):
         with pytest.raises(SystemExit):
             request.parse_args(["--model", "m", "--router", "r", "--out", "o.json", *argv])
         assert message in capsys.readouterr().err

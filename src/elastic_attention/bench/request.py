@@ -6,10 +6,13 @@ left-padded), each ``--lengths`` and each ``--batch``, one greedy `generate` cal
 sequence suppressed, so every call makes them all) per setup, timed by a logits processor that stamps each token
 (synchronized): ``ttft_s`` is the first stamp (routing, prefill and the first token), ``decode_tokens_per_s`` is batch
 x (new tokens - 1) over the time from the first stamp to the last. Each setup runs twice on the same prompts; the
-second call is timed (the first compiles and captures what it needs).
+second call is timed (the first compiles and captures what it needs; its wall time is ``first_call_s``).
 
 - ``elastic``: the model with its router attached as `load_router` attaches it (backend ``auto``, the bounded cache,
-  captured decode steps; ``--compile-decode`` compiles their layers). Its rows also say the routing (``msr``), the
+  captured decode steps), once per ``--compile-decode`` setting (``off``: the captured steps run the layers as they
+  are; ``on``: compiled, ``attach(compile_decode=True)``; ``compile_decode`` in the row). The first compiled cell's
+  ``first_call_s`` holds the compile (a process compiles once; a new batch size may compile again). Its rows also
+  say the routing (``msr``), the
   bytes the routing implies for the cache (every entry of a full head, sink + window of an SSA head) and whether its
   tokens equal those of the same model on the reference path (backend ``reference``, the model's own cache, no
   graphs; the routers decide again from the same prompts).
@@ -93,41 +96,50 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
         if name == "static_graph":
             model.forward = torch.compile(model.forward, mode="reduce-overhead")
         try:
-            timed_generate(model, ids, mask, args.new_tokens, pad_id, **kwargs)  # warm-up: compile and capture
-            measured = timed_generate(model, ids, mask, args.new_tokens, pad_id, **kwargs)
+            measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, **kwargs)
         finally:
             model.forward = original_forward
         rows.append({**common, "mode": "dense", "baseline": name, "msr": 0.0, **measured})
+    dense = list(rows)
+    fastest_first = min(dense, key=lambda r: r["ttft_s"])
+    fastest_decode = max(dense, key=lambda r: r["decode_tokens_per_s"])
     config = _adapter_config(model, router)
-    ea.attach(model, config, backend=args.backend, compile_decode=args.compile_decode)
-    ea.load_router(model, router)
-    try:
-        runtime = runtime_of(model)
-        timed_generate(model, ids, mask, args.new_tokens, pad_id)
-        measured = timed_generate(model, ids, mask, args.new_tokens, pad_id)
-        report = ea.routing_report(model)
-        lengths = [int(n) + args.new_tokens - 1 for n in mask.sum(1).tolist()]
-        element = next(model.parameters()).element_size()
-        row = {**common, "mode": "elastic", "baseline": None, "msr": float(report.msr.mean()), **measured,
-               "kv_cache_bytes_implied": implied_cache_bytes(report, lengths, config, runtime.head_dim, element),
-               "backend": runtime.backend.name, "compile_decode": args.compile_decode}
-    finally:
-        ea.detach(model)
+    for compile_decode in args.compile_decode:
+        ea.attach(model, config, backend=args.backend, compile_decode=compile_decode)
+        ea.load_router(model, router)
+        try:
+            runtime = runtime_of(model)
+            measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id)
+            report = ea.routing_report(model)
+            lengths = [int(n) + args.new_tokens - 1 for n in mask.sum(1).tolist()]
+            element = next(model.parameters()).element_size()
+            rows.append({
+                **common, "mode": "elastic", "baseline": None, "msr": float(report.msr.mean()), **measured,
+                "kv_cache_bytes_implied": implied_cache_bytes(report, lengths, config, runtime.head_dim, element),
+                "backend": runtime.backend.name, "compile_decode": compile_decode,
+                "speedup_ttft": fastest_first["ttft_s"] / measured["ttft_s"],
+                "speedup_ttft_over": fastest_first["baseline"],
+                "speedup_decode": measured["decode_tokens_per_s"] / fastest_decode["decode_tokens_per_s"],
+                "speedup_decode_over": fastest_decode["baseline"]})
+        finally:
+            ea.detach(model)
     ea.attach(model, config, backend="reference", cache="full", cuda_graphs=False)
     ea.load_router(model, router)
     try:
         reference = timed_generate(model, ids, mask, args.new_tokens, pad_id)
     finally:
         ea.detach(model)
-    row["tokens_equal_reference"] = bool(torch.equal(reference["tokens"], row["tokens"]))
-    rows.append(row)
-    dense = [r for r in rows if r["mode"] == "dense"]
-    fastest_first = min(dense, key=lambda r: r["ttft_s"])
-    fastest_decode = max(dense, key=lambda r: r["decode_tokens_per_s"])
-    row.update(speedup_ttft=fastest_first["ttft_s"] / row["ttft_s"], speedup_ttft_over=fastest_first["baseline"],
-               speedup_decode=row["decode_tokens_per_s"] / fastest_decode["decode_tokens_per_s"],
-               speedup_decode_over=fastest_decode["baseline"])
+    for row in rows[len(dense):]:
+        row["tokens_equal_reference"] = bool(torch.equal(reference["tokens"], row["tokens"]))
     return rows
+
+
+def warm_then_timed(model, ids, mask, new_tokens: int, pad_id: int, **generate_kwargs) -> dict:
+    """The second of two identical `timed_generate` calls, with the first's wall time as ``first_call_s`` (the
+    first compiles and captures what the setup needs)."""
+    first = timed_generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
+    measured = timed_generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
+    return {**measured, "first_call_s": first["ttft_s"] + first["decode_s"]}
 
 
 def _adapter_config(model, router: str):
@@ -146,13 +158,15 @@ def markdown(result: dict) -> str:
     """The results as one markdown table (a row per prompt kind, length, batch and setup)."""
     lines = [f"Request benchmark, {result['device']}, {result['date']}: `{result['command']}`", "",
              "| prompt kind | length | batch | mode | setup | MSR | TTFT (s) | decode (tok/s) | peak memory (GiB) | "
-             "KV cache (MiB) | tokens = reference |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "KV cache (MiB) | tokens = reference | first call (s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["results"]:
         peak = "-" if row["peak_memory_bytes"] is None else f"{row['peak_memory_bytes'] / 2**30:.2f}"
         equal = "-" if row["tokens_equal_reference"] is None else str(row["tokens_equal_reference"]).lower()
+        setup = row["baseline"] or ("router, compiled" if row["compile_decode"] else "router")
         lines.append(f"| {row['prompt_kind']} | {row['length']} | {row['batch']} | {row['mode']} | "
-                     f"{row['baseline'] or 'router'} | {row['msr']:.2f} | {row['ttft_s']:.3f} | "
-                     f"{row['decode_tokens_per_s']:.1f} | {peak} | {row['kv_cache_bytes'] / 2**20:.1f} | {equal} |")
+                     f"{setup} | {row['msr']:.2f} | {row['ttft_s']:.3f} | "
+                     f"{row['decode_tokens_per_s']:.1f} | {peak} | {row['kv_cache_bytes'] / 2**20:.1f} | {equal} | "
+                     f"{row['first_call_s']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -185,6 +199,14 @@ def run(args) -> dict:
     return result
 
 
+def compile_settings(text: str) -> list[bool]:
+    """``off``, ``on`` or ``off,on`` as the `attach` ``compile_decode`` values to run."""
+    names = text.split(",")
+    if not names or any(name not in ("off", "on") for name in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"takes off, on or off,on; got {text!r}")
+    return [name == "on" for name in names]
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="elastic-attention bench request", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a local Hugging Face model folder")
@@ -197,7 +219,9 @@ def parse_args(argv=None):
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", default="auto", help="elastic attention's prefill backend")
-    parser.add_argument("--compile-decode", action="store_true", help="compile the captured decode steps' layers")
+    parser.add_argument("--compile-decode", type=compile_settings, default=[False, True], metavar="off,on",
+                        help="elastic setups: captured decode steps with their layers as they are (off), compiled "
+                             "(on), or both (off,on; the default)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"])
     parser.add_argument("--out", type=Path, required=True)
