@@ -7,7 +7,8 @@ set's points ``heads@MSR`` and the retrieval-score static hybrid's ``static@MSR`
   and the mean over the tasks (each task weighs the same);
 - the sensitive target: the highest MSR at which the joint searched set keeps >= ``--share`` of full attention on
   every sensitive task (or each of ``--target-tasks``) at ``--target-length``, with the points below it that miss;
-- with ``--plot``, the Pareto plot (mean retention against average MSR; the curves and each router run's point).
+- with ``--plot``, the Pareto plot (mean retention against average MSR; the curves and each router run's point,
+  against the run's own full-attention cells where its file has them).
 
     python scripts/frontier_report.py benchmarks/results/real_model_1.5b_frontier_eval.json \
         --router fifth=runs/eval.json --plot pareto.png --out frontier.md
@@ -94,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> str:
         label, _, name = item.partition("=")
         if not name:
             parser.error(f"--router takes LABEL=FILE, got {item!r}")
-        routers[label] = [row for row in json.loads(Path(name).read_text())["results"] if row["mode"] == "elastic"]
+        routers[label] = [row for row in json.loads(Path(name).read_text())["results"]
+                          if row["mode"] in ("elastic", "full")]
     lengths = ([int(text) for text in args.lengths.split(",")] if args.lengths
                else sorted({row["length"] for row in rows}))
     target_tasks = args.target_tasks.split(",") if args.target_tasks else None
@@ -103,8 +105,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     if args.out:
         atomic_write_text(args.out, report)
     if args.plot:
-        plot_pareto({"frontier": rows, **{label: rows + cells for label, cells in routers.items()}}, lengths,
-                    args.plot)
+        plot_pareto(rows, routers, lengths, args.plot)
     print(report)
     return report
 

@@ -8,7 +8,7 @@ import math
 import pytest
 from conftest import load_script
 
-from elastic_attention.evaluation.frontier import curve, highest_msr_keeping, plot_pareto, point
+from elastic_attention.evaluation.frontier import curve, highest_msr_keeping, plot_pareto, point, with_full
 
 KINDS = {"needle": "sensitive", "chain": "sensitive", "recent": "robust"}
 FULL = {"needle": 1.0, "chain": 0.8, "recent": 0.5}
@@ -86,7 +86,8 @@ def test_the_plot_draws_every_router_run(tmp_path, monkeypatch):
     monkeypatch.setattr(matplotlib.axes.Axes, "plot",
                         lambda self, *args, **kwargs: drawn.append(kwargs.get("label")) or original(self, *args, **kwargs))
     second = [dict(row, accuracy=row["accuracy"] / 2) if row["mode"] == "elastic" else row for row in rows()]
-    plot_pareto({"first": rows(), "second": second}, [16384], tmp_path / "p.png")
+    plot_pareto([row for row in rows() if row["mode"] != "elastic"], {"first": rows(), "second": second}, [16384],
+                tmp_path / "p.png")
     assert drawn == ["joint searched head set", "retrieval-score static hybrid", "full attention", "all SSA",
                      "elastic: first", "elastic: second"]
 
@@ -105,3 +106,13 @@ def test_real_model_bars_compare_elastic_with_the_searched_set_at_its_msr():
     table = bars_script.table(at_16k)
     assert table.splitlines()[0] == "| task | kind | length | full | elastic (MSR) | kept | heads (MSR) |"
     assert "| chain | sensitive | 16K | 0.800 | 0.800 (0.60) | 100% | 0.600 (0.60) |" in table
+
+
+def test_a_router_point_divides_by_its_own_full_attention_cells_where_it_has_them():
+    frontier = [row for row in rows() if row["mode"] != "elastic"]
+    own_full = [dict(row, accuracy=row["accuracy"] * 0.5) for row in rows() if row["mode"] == "full"][:2]
+    elastic = [row for row in rows() if row["mode"] == "elastic"]
+    pooled = with_full(elastic + own_full, frontier)
+    full = {row["task"]: row["accuracy"] for row in pooled if row["mode"] == "full"}
+    assert full == {"needle": 0.5, "chain": 0.4, "recent": 0.5}  # needle and chain its own, recent the frontier's
+    assert point(pooled, "elastic", 16384).tasks == pytest.approx({"needle": 2.0, "chain": 2.0, "recent": 1.0})

@@ -77,12 +77,22 @@ def points_missing(points: Sequence[Point], tasks: Sequence[str], share: float, 
     return [p for p in points if p.msr < below and any(not p.tasks.get(task, math.nan) >= share for task in tasks)]
 
 
-def plot_pareto(rows_by_label: dict[str, Sequence[dict]], lengths: Sequence[int], path: str | Path) -> Path:
+def with_full(cells: Sequence[dict], frontier: Sequence[dict]) -> list[dict]:
+    """A router run's rows with the full-attention cells to divide by: the run's own where it has them (the same
+    rows), else the frontier's."""
+    own = {(row["task"], row["length"]) for row in cells if row["mode"] == "full"}
+    return [*cells, *(row for row in frontier if row["mode"] == "full" and (row["task"], row["length"]) not in own)]
+
+
+def plot_pareto(frontier: Sequence[dict], routers: dict[str, Sequence[dict]], lengths: Sequence[int],
+                path: str | Path) -> Path:
     """Mean retention over the tasks against mean MSR, one panel per length: the ``heads@`` and ``static@`` curves
-    and full / all-SSA from every file, and the ``elastic`` point of each labelled file (one per router run).
+    and full / all-SSA of the frontier, and the ``elastic`` point of each router run.
 
     Args:
-        rows_by_label: label -> eval.json rows; the curves are drawn from all of them together.
+        frontier: eval.json rows of the frontier (full attention's among them).
+        routers: label -> a router run's eval.json rows (its elastic cells; each is divided by the run's own full
+            attention cell where it has one, else by the frontier's: `with_full`).
         lengths: prompt lengths, one panel each.
         path: PNG file to write.
     """
@@ -91,19 +101,18 @@ def plot_pareto(rows_by_label: dict[str, Sequence[dict]], lengths: Sequence[int]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    every = [row for rows in rows_by_label.values() for row in rows]
     figure, axes = plt.subplots(1, len(lengths), figsize=(5.2 * len(lengths), 4.4), squeeze=False)
     for axis, length in zip(axes[0], lengths):
         for (prefix, label), style in zip(CURVES.items(), ("o-", "s--")):
-            points = curve(every, prefix, length)
+            points = curve(frontier, prefix, length)
             if points:
                 axis.plot([p.msr for p in points], [p.retention for p in points], style, label=label, markersize=4)
         for mode, marker, label in (("full", "k*", "full attention"), ("sparse", "kx", "all SSA")):
-            found = point(every, mode, length)
+            found = point(frontier, mode, length)
             if found is not None:
                 axis.plot(found.msr, found.retention, marker, markersize=9, label=label)
-        for (label, rows), color in zip(rows_by_label.items(), ("C3", "C4", "C5", "C6", "C8", "C9")):
-            found = point(rows, "elastic", length)
+        for (label, rows), color in zip(routers.items(), ("C3", "C4", "C5", "C6", "C8", "C9")):
+            found = point(with_full(rows, frontier), "elastic", length)
             if found is not None:
                 axis.plot(found.msr, found.retention, "D", color=color, markersize=8, label=f"elastic: {label}")
         axis.set_title(f"{length // 1024}K tokens" if length % 1024 == 0 else f"{length} tokens")
