@@ -29,7 +29,8 @@
 #                                                            # another RUN folder)
 #   OUT=$OUT bash benchmarks/device.sh real-train-wait       # waits for every background run (up to $LIMIT s); each
 #                                                            # comes back as $OUT/NAME.tgz (summary, metrics, plot,
-#                                                            # adapter) and NAME.log; call it until "finished"
+#                                                            # adapter; in 15 MiB parts NAME.tgz.partNN when larger)
+#                                                            # and NAME.log; call it until "finished"
 #   OUT=$OUT bash benchmarks/device.sh real-eval 8k,16k      # the real model's table at these lengths, $SAMPLES per cell
 #   ROUTER=path MODES=full,elastic BATCH=8 OUT=$OUT bash benchmarks/device.sh real-eval 32k   # another router, fewer modes
 #   OUT=$OUT bash benchmarks/device.sh real-table            # the whole table, longer than a call: starts one background
@@ -115,7 +116,8 @@ frontier_eval() {  # frontier_eval NAME LENGTHS MODES [more eval options]: one b
     > "/tmp/frontier/$name.log" 2>&1 < /dev/null
 }
 real_train_wait() {  # wait for the background real-train runs (up to $LIMIT s); each run's summary, metrics, plot
-  # and adapter come back as $OUT/NAME.tgz (NAME: the run folder's name), its log as $OUT/NAME.log
+  # and adapter come back as $OUT/NAME.tgz (NAME: the run folder's name; over 15 MiB, as NAME.tgz.part00, part01, ...:
+  # `cat NAME.tgz.part* > NAME.tgz`, a file back from $OUT is at most 16 MiB), its log as $OUT/NAME.log
   ls /tmp/real-train/*/pid > /dev/null 2>&1 || { echo "no background real-train on this machine: start one with"\
     "BACKGROUND=1"; exit 2; }
   cat /tmp/real-train/*/pid > /tmp/real-train/pids
@@ -125,6 +127,9 @@ real_train_wait() {  # wait for the background real-train runs (up to $LIMIT s);
     name=$(basename "$work"); run=$(cat "$work/run")
     tar czf "$OUT/$name.tgz" -C "$run" $(cd "$run" 2>/dev/null && ls -d summary.json metrics.csv training.png router \
       2>/dev/null) 2>/dev/null
+    if [ "$(stat -c %s "$OUT/$name.tgz")" -gt 15728640 ]; then  # a 1.5B model's adapter alone is 30 MB
+      split -b 15728640 -d "$OUT/$name.tgz" "$OUT/$name.tgz.part" && rm "$OUT/$name.tgz"
+    fi
     cp "$work/train.log" "$OUT/$name.log"
     { echo "== $name"; tr '\r' '\n' < "$work/train.log" | grep -v '^$' | tail -3 | cut -c1-300; }
   done
