@@ -26,7 +26,8 @@
 #                                                            # BACKGROUND=1 starts it in the background (it outlives
 #                                                            # the call) and waits like real-train-wait (NO_WAIT=1:
 #                                                            # returns at once, to start another run beside it with
-#                                                            # another RUN folder)
+#                                                            # another RUN folder); TRAIN_ARGS="KEY=VALUE ..."
+#                                                            # overrides config settings (e.g. max_seconds=1100)
 #   OUT=$OUT bash benchmarks/device.sh real-train-wait       # waits for every background run (up to $LIMIT s); each
 #                                                            # comes back as $OUT/NAME.tgz (summary, metrics, plot,
 #                                                            # adapter; in 15 MiB parts NAME.tgz.partNN when larger)
@@ -221,12 +222,13 @@ case ${1:-} in
       work=/tmp/real-train/$(basename "$RUN")
       rm -rf "$work" && mkdir -p "$work" && cp -r src configs "$work/" && echo "$RUN" > "$work/run"
       PYTHONPATH=$work/src PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True setsid nohup python3 -m elastic_attention.cli train "$work/$config" \
-        model="$MODEL" output_dir="$RUN" --no-progress ${RESUME:+--resume} > "$work/train.log" 2>&1 < /dev/null &
+        model="$MODEL" output_dir="$RUN" ${TRAIN_ARGS:-} --no-progress ${RESUME:+--resume} > "$work/train.log" 2>&1 \
+        < /dev/null &
       echo $! > "$work/pid"
       [ -n "${NO_WAIT:-}" ] && { echo "real-train started in $work"; exit 0; }
       real_train_wait
     else
-      timeout ${TRAIN_LIMIT:-530} $cli train "$config" model="$MODEL" output_dir="$RUN" \
+      timeout ${TRAIN_LIMIT:-530} $cli train "$config" model="$MODEL" output_dir="$RUN" ${TRAIN_ARGS:-} \
         --no-progress ${RESUME:+--resume} > "$OUT/train.log" 2>&1
       echo "train rc $? at $(( $(date +%s) - start )) s"
       copy_run "$RUN" "$OUT"
