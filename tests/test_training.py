@@ -503,6 +503,7 @@ def test_a_distillation_run_logs_its_kl(tmp_path, random_suite_backbone):
                                                 lm_loss="distillation"))
     summary = train(config, progress=False)
     assert summary["steps"] == 2 and summary["config"]["lm_loss"] == "distillation"
+    assert summary["teacher_cache_bytes"] > 0 and summary["config"]["teacher_cache"] is True
     rows = list(csv.DictReader((tmp_path / "distill" / "metrics.csv").open()))
     assert len(rows) == 2 and all(float(row["lm_loss"]) >= 0 for row in rows)
     assert all(float(row["lm_loss/needle_single"]) >= 0 for row in rows)
@@ -688,3 +689,27 @@ def test_rows_in_the_authors_layout_load_as_their_training_reads_them(tmp_path, 
                                                 targets=present, checkpoint_every=0))
     summary = train(config, progress=False)
     assert summary["steps"] == 2
+
+
+def test_the_teacher_cache_gives_the_same_losses_without_a_second_teacher_forward():
+    """A pack's second visit takes the teacher's log-probabilities from the cache: the same KL as a fresh teacher
+    forward (float32, exactly), and only the student's forward runs."""
+    from conftest import tiny_model
+
+    from elastic_attention import ElasticConfig, attach, force_routing
+    from elastic_attention.training.trainer import TeacherCache, distillation_token_losses
+
+    rows = [EncodedRow(list(range(3, 60)), [9, 10, 11], "a"), EncodedRow(list(range(20, 70)), [14], "b")]
+    pack = pack_rows(rows, budget=256)[0]
+    model = attach(tiny_model("qwen3"), ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4))
+    force_routing(model, torch.tensor([[True, False], [False, True]]))
+    forwards = []
+    model.register_forward_hook(lambda module, args, output: forwards.append(1))
+    cache, cpu = TeacherCache(), torch.device("cpu")
+    fresh, samples = distillation_token_losses(model, pack, cpu)
+    first, _ = distillation_token_losses(model, pack, cpu, teacher_cache=cache)
+    before = len(forwards)
+    again, again_samples = distillation_token_losses(model, pack, cpu, teacher_cache=cache)
+    assert len(forwards) - before == 1  # the student alone
+    assert torch.equal(first, fresh) and torch.equal(again, fresh) and torch.equal(again_samples, samples)
+    assert cache.values == 4 * model.config.vocab_size  # four supervised tokens

@@ -20,7 +20,7 @@ RUN_ENTRIES = ("checkpoints", "metrics.csv", "summary.json", "router", "tensorbo
 #: Settings of a router-training run that may change when it is resumed (where and how it runs, not what it
 #: computes).
 RESUMABLE_CHANGES = frozenset({"output_dir", "checkpoint_every", "device", "distributed", "gradient_checkpointing",
-                               "fsdp_reshard_after_forward"})
+                               "fsdp_reshard_after_forward", "teacher_cache"})
 
 #: Prefix of the staging folder a model is written into before it is renamed into the run folder.
 MODEL_STAGING = ".staging-model-"

@@ -91,6 +91,9 @@ class TrainConfig:
         lm_loss: the LM term on the supervised (answer) tokens: ``"cross_entropy"`` against the row's answer (the
             paper's CE(Y | X)), or ``"distillation"``, the KL divergence from the same model's full-attention
             distribution (a no-grad teacher forward with every head full, about one more forward per pack).
+        teacher_cache: with ``lm_loss: distillation``, keep each pack's teacher log-probabilities in host memory after
+            its first visit, so a pack seen again costs no teacher forward (supervised tokens x vocabulary x 4 bytes a
+            pack; ``summary.json``'s ``teacher_cache_bytes`` says how much a run held).
         steps: optimizer steps.
         max_seconds: training wall-clock budget, seconds (null: none; setup and calibration not counted): the run
             stops at ``steps`` or when the budget is spent, whichever comes first. The schedules (warm-up, learning
@@ -128,6 +131,7 @@ class TrainConfig:
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     linear_term: str = "signed"
     lm_loss: str = "cross_entropy"
+    teacher_cache: bool = True
     steps: int = 100
     max_seconds: float | None = None
     packs_per_step: int = 4

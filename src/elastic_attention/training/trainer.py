@@ -9,6 +9,7 @@ replays the uninterrupted one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -106,6 +107,11 @@ class RouterTrainer:
             betas=(0.9, 0.95),
         )
         self.packs = self._build_packs()
+        self.lm_loss = LM_LOSSES[config.lm_loss]
+        self.teacher_cache = None
+        if config.lm_loss == "distillation" and config.teacher_cache:
+            self.teacher_cache = TeacherCache()
+            self.lm_loss = functools.partial(distillation_token_losses, teacher_cache=self.teacher_cache)
         restored = self._restore() if resume else False
         if config.elastic_config.router_standardize and not restored:
             self._calibrate_routers()
@@ -241,6 +247,8 @@ class RouterTrainer:
             summary["tokens_per_second"] = sum(step_tokens[1:]) / sum(step_seconds[1:])
         if self.device.type == "cuda":
             summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        if self.teacher_cache is not None:
+            summary["teacher_cache_bytes"] = 4 * self.teacher_cache.values
         return summary
 
     def _agreed_seconds(self, seconds: float) -> float:
@@ -279,7 +287,7 @@ class RouterTrainer:
                 continue
             pack = self.packs[pack_index]
             noise_seed = config.seed * 1_000_003 + self.step * 1009 + position
-            token_losses, samples = LM_LOSSES[config.lm_loss](self.model, pack, self.device, noise_seed=noise_seed)
+            token_losses, samples = self.lm_loss(self.model, pack, self.device, noise_seed=noise_seed)
             lm_loss = token_losses.mean()
             msr = routing_report(self.model).msr
             regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
@@ -486,15 +494,39 @@ def supervised_token_losses(model, pack: Pack, device: torch.device,
     return losses, torch.bucketize(keep + 1, starts, right=True) - 1  # label position keep + 1 lies in that sample
 
 
-def distillation_token_losses(model, pack: Pack, device: torch.device,
-                              noise_seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+class TeacherCache:
+    """The teacher's log-probabilities at each pack's supervised tokens, kept in host memory after the pack's first
+    visit. The teacher is the frozen backbone with every head on full attention, so a pack's are the same at every
+    visit: one no-grad forward a pack instead of one a visit. Holds supervised tokens x vocabulary float32 values a
+    pack (600 rows of about 10 answer tokens over a 152K vocabulary: 3.6 GB)."""
+
+    def __init__(self) -> None:
+        self._stored: dict[int, torch.Tensor] = {}
+        #: float32 values held.
+        self.values = 0
+
+    def log_probs(self, pack: Pack, compute, device: torch.device) -> torch.Tensor:
+        """``compute()``'s [K, vocab] result for ``pack`` (the packs of a run live as long as the cache), on
+        ``device``, computed at the pack's first visit only."""
+        stored = self._stored.get(id(pack))
+        if stored is None:
+            fresh = compute()
+            self._stored[id(pack)] = fresh.cpu()
+            self.values += fresh.numel()
+            return fresh
+        return stored.to(device, non_blocking=True)
+
+
+def distillation_token_losses(model, pack: Pack, device: torch.device, noise_seed: int | None = None,
+                              teacher_cache: TeacherCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """KL divergence from the model's own full-attention distribution to its routed one, at every supervised
     token of ``pack``: ([K] float32 on ``device``, [K] int64 index of each token's sample in ``pack.spans``).
 
     The teacher is a no-grad forward of the same model with every routed head on full attention (the frozen
-    backbone as it was); the student is the routed forward (``noise_seed`` seeds its routing noise), so the loss
-    asks the routers to keep the answer's whole distribution, not only the probability of its tokens. A forced
-    routing set before the call stays in force for the student.
+    backbone as it was), or its result kept from an earlier visit of the pack in ``teacher_cache``; the student is
+    the routed forward (``noise_seed`` seeds its routing noise), so the loss asks the routers to keep the answer's
+    whole distribution, not only the probability of its tokens. A forced routing set before the call stays in force
+    for the student.
     """
     from elastic_attention.integration import force_routing
 
@@ -502,17 +534,21 @@ def distillation_token_losses(model, pack: Pack, device: torch.device,
     keep = (targets != IGNORE_INDEX).nonzero().flatten()
     if keep.numel() == 0:
         raise ValueError("a pack has no supervised token; every row needs a non-empty answer")
-    runtime = runtime_of(model)
-    previous = runtime.forced
-    force_routing(model, "full")
-    try:
-        with torch.no_grad():
-            teacher = forward_pack(model, pack, device, logits_to_keep=keep.to(device)).logits[0].float()
-    finally:
-        force_routing(model, previous)
+
+    def teacher_log_probs() -> torch.Tensor:
+        previous = runtime_of(model).forced
+        force_routing(model, "full")
+        try:
+            with torch.no_grad():
+                logits = forward_pack(model, pack, device, logits_to_keep=keep.to(device)).logits[0].float()
+        finally:
+            force_routing(model, previous)
+        return torch.log_softmax(logits, dim=-1)
+
+    teacher = (teacher_log_probs() if teacher_cache is None
+               else teacher_cache.log_probs(pack, teacher_log_probs, device))
     student = forward_pack(model, pack, device, logits_to_keep=keep.to(device), noise_seed=noise_seed).logits[0]
-    losses = torch.nn.functional.kl_div(torch.log_softmax(student.float(), dim=-1),
-                                        torch.log_softmax(teacher, dim=-1), log_target=True,
+    losses = torch.nn.functional.kl_div(torch.log_softmax(student.float(), dim=-1), teacher, log_target=True,
                                         reduction="none").sum(dim=-1)
     starts = torch.tensor([start for start, _, _ in pack.spans])
     return losses, torch.bucketize(keep + 1, starts, right=True) - 1
