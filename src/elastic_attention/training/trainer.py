@@ -498,7 +498,7 @@ class TeacherCache:
     """The teacher's log-probabilities at each pack's supervised tokens, kept in host memory after the pack's first
     visit. The teacher is the frozen backbone with every head on full attention, so a pack's are the same at every
     visit: one no-grad forward a pack instead of one a visit. Holds supervised tokens x vocabulary float32 values a
-    pack (600 rows of about 10 answer tokens over a 152K vocabulary: 3.6 GB)."""
+    pack (600 code rows of about 8.5 answer tokens over a 152K vocabulary: about 3.1 GB)."""
 
     def __init__(self) -> None:
         self._stored: dict[int, torch.Tensor] = {}
