@@ -77,10 +77,10 @@ def _batch(seed=4, prompt=30, steps=60):
     return left_padded_batch(seed, prompt, 5, steps)  # mixed prompt lengths: the second sample is left-padded
 
 
-def _teacher_forced(graphs: bool, ids, mask, continuation, max_length=None):
+def _teacher_forced(graphs: bool, ids, mask, continuation, max_length=None, compile_decode=False):
     """(next-token logits [steps + 1, 2, vocab] of fixed tokens fed one step at a time, the cache, the model)."""
     model = tiny_model("llama")
-    attach(model, STATIC_CONFIG, backend="reference")
+    attach(model, STATIC_CONFIG, backend="reference", compile_decode=compile_decode)
     per_sample_routers(model)
     cache = ElasticCache(model, cuda_graphs=graphs, max_length=max_length)
     logits, cache = teacher_forced_decode(model, ids, mask, continuation, cache)
@@ -121,6 +121,20 @@ def test_static_steps_equal_eager_steps_and_keep_the_slot_rule(monkeypatch):
                 for slot, position in _slot_rule(store.length, sink, local).items():
                     assert int(store.ring_positions[slot]) == position
                     assert torch.equal(store.ring_keys[:, slot], reference.ring_keys[:, slot])
+
+
+def test_auto_compile_sets_the_step_up_again_once_its_steps_would_have_paid(monkeypatch):
+    """``compile_decode="auto"`` with a threshold of 25 steps: the static step is set up again after the 25th step of
+    the batch of 2 (on a CPU nothing compiles: the switch alone), and the logits stay those of eager steps."""
+    from elastic_attention.integration import decode_graph
+
+    monkeypatch.setattr(decode_graph, "compile_after_steps", lambda num_layers: 25)
+    ids, mask, continuation = _batch(steps=40)
+    static, static_cache, model = _teacher_forced(True, ids, mask, continuation, compile_decode="auto")
+    eager, _, _ = _teacher_forced(False, ids, mask, continuation)
+    assert float((static - eager).abs().max()) < 1e-5
+    assert model.forward.compile_policy.uncompiled_steps == {2: 25}
+    assert static_cache.decode_graph.compile_layers and static_cache.static_steps == 15
 
 
 def test_generate_with_graphs_equals_generate_without():

@@ -2,14 +2,20 @@
 refusals (the static path itself: `interpreted_fused_decode.py`; replayed graphs: `test_gpu_decode_graph.py`)."""
 
 import inspect
+import math
 
 import pytest
 import torch
 from conftest import tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, attach, detach
-from elastic_attention.errors import InputError
-from elastic_attention.integration.decode_graph import GraphedForward, static_capacity
+from elastic_attention.errors import ConfigError, InputError
+from elastic_attention.integration.decode_graph import (
+    CompilePolicy,
+    GraphedForward,
+    compile_after_steps,
+    static_capacity,
+)
 from elastic_attention.integration.runtime import STATIC_STEP_KWARG
 
 CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
@@ -92,7 +98,7 @@ def test_grouped_projections_fall_back_to_torch_where_the_kernel_cannot_run_and_
 
     model = tiny_model("llama", layers=2)
     attach(model, CONFIG, grouped_projections=True)
-    assert model.forward.group_projections and not model.forward.compile_layers
+    assert model.forward.group_projections and model.forward.compile_policy.setting == "auto"
     ids = torch.randint(3, 90, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = model(input_ids=ids).logits
@@ -101,3 +107,24 @@ def test_grouped_projections_fall_back_to_torch_where_the_kernel_cannot_run_and_
             actual = model(input_ids=ids).logits
     assert torch.equal(actual, expected)
     assert all("forward" not in module.__dict__ for module in model.modules() if isinstance(module, torch.nn.Linear))
+
+
+def test_auto_compile_waits_per_batch_size_until_the_uncompiled_steps_cost_a_compile():
+    """The rule, step by step: each batch size compiles once its own uncompiled steps reach the threshold (compile
+    seconds over seconds saved a step); True and False never change."""
+    policy = CompilePolicy("auto", after_steps=3)
+    seen = []
+    for batch in (1, 1, 8, 1, 1, 8, 8, 8):
+        seen.append(policy.compile(batch))
+        policy.count(batch, compiled=seen[-1])
+    assert seen == [False, False, False, False, True, False, False, True]
+    assert policy.uncompiled_steps == {1: 3, 8: 3}
+    assert CompilePolicy(True, 3).compile(1) and not CompilePolicy(False, 0).compile(1)
+    assert compile_after_steps(28) == math.ceil(6.2 / (28 * 0.568e-3 / 28))  # measured on an H200: 10,916 steps
+    for wrong in ("yes", 1, None):
+        with pytest.raises(ConfigError, match="compile_decode must be True, False or 'auto'"):
+            CompilePolicy(wrong, 3)
+    model = tiny_model("llama")
+    with pytest.raises(ConfigError, match="compile_decode must be True, False or 'auto', got 'always'"):
+        attach(model, CONFIG, compile_decode="always")
+    assert not any(name.endswith("elastic_router.router_mlp.0.weight") for name, _ in model.named_parameters())

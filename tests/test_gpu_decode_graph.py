@@ -65,6 +65,19 @@ def test_replayed_compiled_steps_equal_eager_steps():
     assert float((replayed - eager).abs().max()) <= 1e-4 * float(eager.abs().max())
 
 
+def test_auto_compile_captures_again_compiled_once_its_steps_would_have_paid(monkeypatch):
+    """``compile_decode="auto"`` with a threshold of 60 steps: 60 steps replay an uncompiled graph, then the step is
+    captured again with its layers compiled (3 layers); the logits equal eager steps' throughout."""
+    from elastic_attention.integration import decode_graph
+
+    monkeypatch.setattr(decode_graph, "compile_after_steps", lambda num_layers: 60)
+    replayed, cache = teacher_forced("cuda", torch.float32, graphs=True, compile_decode="auto", layers=3)
+    eager, _ = teacher_forced("cuda", torch.float32, graphs=False, layers=3)
+    assert cache.decode_graph.compile_layers and cache.decode_graph.graph is not None
+    assert cache.static_steps == 140
+    assert float((replayed - eager).abs().max()) <= 1e-4 * float(eager.abs().max())
+
+
 def test_replayed_steps_match_float64():
     expected, _ = teacher_forced("cpu", torch.float64, graphs=False, routing=ROUTING, cache_kind="full")
     actual, cache = teacher_forced("cuda", torch.bfloat16, graphs=True, routing=ROUTING)

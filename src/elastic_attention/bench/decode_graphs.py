@@ -242,7 +242,7 @@ def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list
                 for kind, graphs, compile_them, grouped in kinds_at(BOUNDED_KINDS, size):
                     cache.end_static()  # the next step captures again, with this kind's settings
                     cache.cuda_graphs = graphs
-                    model.forward.compile_layers, model.forward.group_projections = compile_them, grouped
+                    model.forward.compile_policy.setting, model.forward.group_projections = compile_them, grouped
                     step = Stepper(model, cache, token, cache.get_seq_length())
                     step()  # the graphed kind captures here
                     seconds = timed(step, prompt.device, args.steps, warmup=2)

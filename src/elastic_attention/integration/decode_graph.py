@@ -25,13 +25,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 import weakref
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
 
-from elastic_attention.errors import InputError
+from elastic_attention.errors import ConfigError, InputError
 from elastic_attention.integration.decode_projections import grouped_projections
 from elastic_attention.integration.module_forwards import replaced_forwards
 from elastic_attention.integration.runtime import STATIC_STEP_KWARG
@@ -41,6 +42,14 @@ _STEP_ARGUMENTS = frozenset({"input_ids", "attention_mask", "position_ids", "pas
                              "return_dict", "logits_to_keep", "output_attentions", "output_hidden_states"})
 #: Steps between two checks that every step's attention mask marked its new token as real (one host read each).
 MASK_CHECK_INTERVAL = 32
+#: Seconds a process spends compiling the decoder layers of a captured step for a batch size it has not compiled
+#: (`compiled`), and seconds a compiled step then saves a decoder layer (`compile_after_steps`). Measured on an H200
+#: with a 28-layer model of Qwen2.5-1.5B's shape at 16K tokens, MSR 0.9 (scripts/compile_decode_cost.py,
+#: benchmarks/results/compile_decode_cost_{cold,warm}_2026-12-03.json): compiling took 6.17 s at batch 1 and 5.82 s
+#: at batch 8 in a fresh process (3.57 / 2.79 s with Inductor's compiled graphs on disk), and saved 0.568 ms of a
+#: 4.47 ms step at batch 1 (0.947 ms of 5.45 at batch 8).
+COMPILE_SECONDS = 6.2
+SAVED_SECONDS_PER_LAYER = 0.568e-3 / 28
 
 
 def static_capacity(longest: int, max_length: int | None) -> int:
@@ -187,15 +196,61 @@ def capture_graph(run, device_state: list[torch.Tensor]):
     return graph, output
 
 
+def check_compile_setting(setting):
+    """``setting`` when it is True, False or ``"auto"`` (`CompilePolicy`), else a ConfigError."""
+    if not (isinstance(setting, bool) or setting == "auto"):
+        raise ConfigError(f"compile_decode must be True, False or 'auto', got {setting!r}")
+    return setting
+
+
+class CompilePolicy:
+    """Whether captured decode steps run their layers compiled (`compiled`): always (``True``), never (``False``),
+    or ``"auto"``: for each batch size, once the steps run uncompiled at that size would have paid for compiling
+    (compiling is per batch size), by the rule of renting skis until the rent reaches the price: after
+    ``after_steps`` uncompiled steps (compile seconds over the seconds a compiled step saves) the next capture
+    compiles, and a graph captured uncompiled is captured again. Whatever the number of steps to come, a process
+    then pays at most about twice what it would had it known that number.
+
+    Args:
+        setting: ``True``, ``False`` or ``"auto"``.
+        after_steps: with ``"auto"``, the uncompiled steps of one batch size after which its captures compile.
+    """
+
+    def __init__(self, setting: bool | str, after_steps: int) -> None:
+        self.setting = check_compile_setting(setting)
+        self.after_steps = after_steps
+        #: batch size -> decode steps run so far through uncompiled captured steps (every cache of the model).
+        self.uncompiled_steps: dict[int, int] = {}
+
+    def compile(self, batch: int) -> bool:
+        """Whether the next capture of a step of ``batch`` sequences compiles its layers."""
+        if self.setting == "auto":
+            return self.uncompiled_steps.get(batch, 0) >= self.after_steps
+        return self.setting
+
+    def count(self, batch: int, compiled: bool) -> None:
+        """Count one step of ``batch`` sequences, run by a graph captured with (``compiled``) or without compiled
+        layers."""
+        if not compiled:
+            self.uncompiled_steps[batch] = self.uncompiled_steps.get(batch, 0) + 1
+
+
+def compile_after_steps(num_layers: int) -> int:
+    """Uncompiled decode steps that cost what compiling a ``num_layers``-layer model's layers does (the threshold of
+    `CompilePolicy` ``"auto"``): `COMPILE_SECONDS` over ``num_layers`` x `SAVED_SECONDS_PER_LAYER` (10,908 steps for
+    28 layers, 9,545 for 32)."""
+    return math.ceil(COMPILE_SECONDS / (num_layers * SAVED_SECONDS_PER_LAYER))
+
+
 class GraphedForward:
     """An attached model's ``forward``: plain decode steps over a bounded cache replay a `DecodeGraph`; every other
     call goes to the model's own forward (``original``), which `restore` (called by `detach`) puts back."""
 
-    def __init__(self, model, runtime, layers: list, compile_layers: bool = False,
+    def __init__(self, model, runtime, layers: list, compile_layers: bool | str = False,
                  group_projections: bool = False) -> None:
         #: The decoder layers, and how captured steps run them (`decode_layers`).
         self.layers = layers
-        self.compile_layers = compile_layers
+        self.compile_policy = CompilePolicy(compile_layers, compile_after_steps(len(layers)))
         self.group_projections = group_projections
         #: The forward the model had (an instance attribute, such as accelerate's hook, stays one after `restore`).
         self.original = model.forward
@@ -216,8 +271,10 @@ class GraphedForward:
         if cache is None:
             return self.original(*args, **kwargs)
         input_ids = kwargs["input_ids"]
-        if cache.static_capacity is not None and cache.longest + 1 > cache.static_capacity:
-            cache.end_static()  # full: capture again with more room
+        compile_layers = self.compile_policy.compile(input_ids.shape[0])
+        if cache.static_capacity is not None and (cache.longest + 1 > cache.static_capacity
+                                                  or cache.decode_graph.compile_layers != compile_layers):
+            cache.end_static()  # full, or the layers are to compile now: capture again
         if cache.static_capacity is None:
             capacity = static_capacity(cache.longest, cache.max_length)
             if capacity <= cache.longest:
@@ -228,9 +285,10 @@ class GraphedForward:
             cache.begin_static(capacity)
             cache.decode_graph = DecodeGraph(self.original, input_ids.shape[0], input_ids.device,
                                              capture=input_ids.device.type == "cuda", layers=self.layers,
-                                             compile_layers=self.compile_layers,
+                                             compile_layers=compile_layers,
                                              group_projections=self.group_projections)
         output = cache.decode_graph.step(cache, input_ids, kwargs.get("attention_mask"), kwargs.get("position_ids"))
+        self.compile_policy.count(input_ids.shape[0], cache.decode_graph.compile_layers)
         return output if kwargs.get("return_dict", True) is not False else output.to_tuple()
 
     def _graphable_cache(self, args: tuple, kwargs: dict[str, Any]):
