@@ -128,3 +128,17 @@ def test_auto_compile_waits_per_batch_size_until_the_uncompiled_steps_cost_a_com
     with pytest.raises(ConfigError, match="compile_decode must be True, False or 'auto', got 'always'"):
         attach(model, CONFIG, compile_decode="always")
     assert not any(name.endswith("elastic_router.router_mlp.0.weight") for name, _ in model.named_parameters())
+
+
+def test_set_compile_decode_changes_the_setting_of_an_attached_model_only():
+    from elastic_attention import NotAttachedError, set_compile_decode
+
+    model = tiny_model("llama")
+    with pytest.raises(NotAttachedError):
+        set_compile_decode(model, True)
+    attach(model, CONFIG)
+    set_compile_decode(model, True)
+    assert model.forward.compile_policy.compile(1)
+    with pytest.raises(ConfigError, match="got 'sometimes'"):
+        set_compile_decode(model, "sometimes")
+    assert model.forward.compile_policy.setting is True

@@ -34,6 +34,7 @@ _EXPORTS = {
     "routing_report": "elastic_attention.integration",
     "save_pretrained": "elastic_attention.pretrained",
     "save_router": "elastic_attention.adapters",
+    "set_compile_decode": "elastic_attention.integration",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
         is_attached,
         routers_of,
         routing_report,
+        set_compile_decode,
     )
     from elastic_attention.pretrained import from_pretrained, save_pretrained
     from elastic_attention.router import AttentionRouter

@@ -47,6 +47,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, StaticCache
 
 from elastic_attention import ElasticCache, attach, detach, force_routing
+from elastic_attention.integration import set_compile_decode
 from elastic_attention.bench.decode import batch_sizes, compile_in_process
 from elastic_attention.cache import cache_nbytes
 from elastic_attention.bench.model import (
@@ -242,7 +243,8 @@ def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list
                 for kind, graphs, compile_them, grouped in kinds_at(BOUNDED_KINDS, size):
                     cache.end_static()  # the next step captures again, with this kind's settings
                     cache.cuda_graphs = graphs
-                    model.forward.compile_policy.setting, model.forward.group_projections = compile_them, grouped
+                    set_compile_decode(model, compile_them)
+                    model.forward.group_projections = grouped
                     step = Stepper(model, cache, token, cache.get_seq_length())
                     step()  # the graphed kind captures here
                     seconds = timed(step, prompt.device, args.steps, warmup=2)

@@ -28,7 +28,7 @@ from elastic_attention.evaluation.runner import (
 from elastic_attention.evaluation.suites import get_suite, suite_of
 from elastic_attention.folders import FolderLock, delete_moved, move_aside
 from elastic_attention.head_sets import HeadSets
-from elastic_attention.integration import attach, runtime_of
+from elastic_attention.integration import attach, runtime_of, set_compile_decode
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +127,8 @@ def evaluate_model(
         load_router(model, router)
     else:
         attach(model, config)
+    # Compiled layers round differently: an answer must not depend on how many steps the cells before it decoded.
+    set_compile_decode(model, False)
     runtime = runtime_of(model)
     context["elastic_config"] = runtime.config.to_dict()
     routed_shape = (len(runtime.routed_layers), runtime.num_kv_heads)

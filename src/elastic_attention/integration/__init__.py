@@ -8,6 +8,7 @@ from elastic_attention.integration.attach import (
     routers_of,
     routing_report,
     runtime_of,
+    set_compile_decode,
 )
 from elastic_attention.integration.families import FAMILIES, FamilySpec
 from elastic_attention.integration.report import RoutingReport
@@ -23,4 +24,5 @@ __all__ = [
     "routers_of",
     "routing_report",
     "runtime_of",
+    "set_compile_decode",
 ]

@@ -248,6 +248,18 @@ def routing_report(model: nn.Module) -> RoutingReport:
     return report
 
 
+def set_compile_decode(model: nn.Module, setting: bool | str) -> None:
+    """Change an attached model's ``compile_decode`` (`attach`: True, False or ``"auto"``); a cache whose captured
+    step was compiled otherwise captures it again at its next step.
+
+    Raises:
+        NotAttachedError: elastic attention is not attached to ``model``.
+        ConfigError: ``setting`` is not True, False or ``"auto"``.
+    """
+    runtime_of(model)  # attached, or a NotAttachedError that says so
+    model.forward.compile_policy.setting = check_compile_setting(setting)
+
+
 def force_routing(model: nn.Module, routing: str | torch.Tensor | None) -> None:
     """Override the routers, for baselines and tests.
 

@@ -247,7 +247,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         data = dict(data)
-        unknown_keys(cls, data, "training config", ("max_seconds", "pretraining", "pretrain"))
+        unknown_keys(cls, data, "training config", ("lr", "pretraining", "pretrain"))
         if "data" in data:
             data["data"] = build_section(DataConfig, data["data"], "data")
         if "temperature" in data:
