@@ -123,7 +123,7 @@ def test_static_steps_equal_eager_steps_and_keep_the_slot_rule(monkeypatch):
                     assert torch.equal(store.ring_keys[:, slot], reference.ring_keys[:, slot])
 
 
-def test_auto_compile_sets_the_step_up_again_once_its_steps_would_have_paid(monkeypatch):
+def test_auto_compile_sets_the_static_step_up_again_once_its_steps_would_have_paid(monkeypatch):
     """``compile_decode="auto"`` with a threshold of 25 steps: the static step is set up again after the 25th step of
     the batch of 2 (on a CPU nothing compiles: the switch alone), and the logits stay those of eager steps."""
     from elastic_attention.integration import decode_graph
