@@ -22,7 +22,7 @@ second call is timed (the first compiles and captures what it needs; its wall ti
   elastic rows compare against (``speedup_*``).
 
   elastic-attention bench request --model /tmp/qwen2.5-coder-1.5b-instruct \\
-      --router src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct --lengths 16k,32k --batch 1,8 \\
+      --router ROUTER_FOLDER --lengths 16k,32k --batch 1,8 \\
       --new-tokens 128 --out benchmarks/results/request_qwen2.5-coder-1.5b-instruct.json
 
 Writes the JSON (rewritten after each cell) and a markdown table beside it (same name, ``.md``).
