@@ -15,9 +15,10 @@ replays, and counts the step: nothing per layer, and nothing read back but one f
 cache leaves static mode and the next step captures again with room for more (up to the cache's ``max_length``,
 beyond which the step raises). Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
 ``ElasticCache(model, cuda_graphs=False)``. Unless ``attach(..., grouped_projections=False)``, the captured step of
-one sequence runs the decoder layers' linear projections as grouped Triton launches (`decode_projections`); with
-``attach(..., compile_decode=True)`` every decoder layer also runs through ``torch.compile`` (`compiled`), which
-fuses the elementwise work around the projections (`decode_layers` sets up both).
+one sequence runs the decoder layers' linear projections as grouped Triton launches (`decode_projections`); once
+compiling pays (`CompilePolicy`: ``attach``'s ``compile_decode``, ``"auto"`` by default) every decoder layer also runs
+through ``torch.compile`` (`compiled`), which fuses the elementwise work around the projections (`decode_layers`
+sets up both).
 """
 
 from __future__ import annotations
@@ -237,8 +238,8 @@ class CompilePolicy:
 
 def compile_after_steps(num_layers: int) -> int:
     """Uncompiled decode steps that cost what compiling a ``num_layers``-layer model's layers does (the threshold of
-    `CompilePolicy` ``"auto"``): `COMPILE_SECONDS` over ``num_layers`` x `SAVED_SECONDS_PER_LAYER` (10,908 steps for
-    28 layers, 9,545 for 32)."""
+    `CompilePolicy` ``"auto"``): `COMPILE_SECONDS` over ``num_layers`` x `SAVED_SECONDS_PER_LAYER` (10,916 steps for
+    28 layers, 9,552 for 32)."""
     return math.ceil(COMPILE_SECONDS / (num_layers * SAVED_SECONDS_PER_LAYER))
 
 
