@@ -32,6 +32,8 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
                      str(out)]) == 0
     result = json.loads(out.read_text())
     rows = result["results"]
+    assert result["dense_setups"] == ["sdpa"]  # no FlashAttention-4 and no CUDA graphs on a CPU, each said why
+    assert set(result["dense_setups_missing"]) == {"flash_attention_4", "static_graph"}
     assert [(r["prompt_kind"], r["batch"], r["mode"], r.get("compile_decode")) for r in rows] == [
         (kind, batch, mode, compiled) for batch in (1, 3) for kind in ("sensitive", "robust")
         for mode, compiled in (("dense", None), ("elastic", False), ("elastic", True))]

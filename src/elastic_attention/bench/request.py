@@ -16,10 +16,11 @@ second call is timed (the first compiles and captures what it needs; its wall ti
   bytes the routing implies for the cache (every entry of a full head, sink + window of an SSA head) and whether its
   tokens equal those of the same model on the reference path (backend ``reference``, the model's own cache, no
   graphs; the routers decide again from the same prompts).
-- ``dense``: the model without elastic attention, two setups: ``sdpa`` (transformers' SDPA and its dynamic cache)
-  and, on CUDA, ``static_graph`` (transformers' static cache with the forward compiled in ``reduce-overhead`` mode:
-  decode steps replayed as CUDA graphs). ``baseline`` names the setup; the faster of them, per metric, is what the
-  elastic rows compare against (``speedup_*``).
+- ``dense``: the model without elastic attention: ``sdpa`` (transformers' SDPA and its dynamic cache);
+  ``flash_attention_4`` where transformers can turn FlashAttention-4 on (installed, on a GPU; the result's
+  ``dense_setups_missing`` says why not otherwise); on CUDA ``static_graph`` (transformers' static cache with the
+  forward compiled in ``reduce-overhead`` mode: decode steps replayed as CUDA graphs). ``baseline`` names the setup;
+  the fastest of them, per metric, is what the elastic rows compare against (``speedup_*``).
 
   elastic-attention bench request --model /tmp/qwen2.5-coder-1.5b-instruct \\
       --router ROUTER_FOLDER --lengths 16k,32k --batch 1,8 \\
@@ -80,18 +81,35 @@ def implied_cache_bytes(report, lengths: list[int], config, head_dim: int, eleme
     return 2 * total * head_dim * element_size
 
 
-def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length: int) -> list[dict]:
-    """The rows of one (prompt kind, length, batch): every dense setup, then elastic with its reference check."""
+def dense_setups(model, device: torch.device) -> tuple[list[tuple[str, str, dict]], dict[str, str]]:
+    """The dense setups that run here, as (name, attention implementation, generate arguments), and why each other
+    one does not."""
+    setups, missing = [("sdpa", "sdpa", {})], {}
+    try:
+        model.set_attn_implementation("flash_attention_4")
+        setups.append(("flash_attention_4", "flash_attention_4", {}))
+    except Exception as error:  # noqa: BLE001 - a probe: not installed, unknown to this transformers, no hub here
+        missing["flash_attention_4"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    finally:
+        model.set_attn_implementation("sdpa")
+    if device.type == "cuda":
+        setups.append(("static_graph", "sdpa", {"cache_implementation": "static"}))
+    else:
+        missing["static_graph"] = "CUDA graphs need a GPU"
+    return setups, missing
+
+
+def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length: int,
+             setups: list[tuple[str, str, dict]]) -> list[dict]:
+    """The rows of one (prompt kind, length, batch): every dense setup (`dense_setups`), then elastic with its
+    reference check."""
     import elastic_attention as ea
     from elastic_attention.integration import runtime_of
 
     batch, rows = ids.shape[0], []
     common = {"prompt_kind": kind, "length": length, "batch": batch, "prompt_tokens": int(mask.sum(1).max())}
-    setups = [("sdpa", {})]
-    if ids.device.type == "cuda":
-        setups.append(("static_graph", {"cache_implementation": "static"}))
-    for name, kwargs in setups:
-        model.set_attn_implementation("sdpa")
+    for name, implementation, kwargs in setups:
+        model.set_attn_implementation(implementation)
         original_forward = model.forward
         if name == "static_graph":
             model.forward = torch.compile(model.forward, mode="reduce-overhead")
@@ -99,6 +117,7 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
             measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, **kwargs)
         finally:
             model.forward = original_forward
+            model.set_attn_implementation("sdpa")
         rows.append({**common, "mode": "dense", "baseline": name, "msr": 0.0, **measured})
     dense = list(rows)
     fastest_first = min(dense, key=lambda r: r["ttft_s"])
@@ -179,16 +198,18 @@ def run(args) -> dict:
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sensitive, robust = args.tasks.split(",")
+    setups, missing = dense_setups(model, device)
     result = {**run_header(device), "transformers": transformers.__version__, "model": args.model,
               "router": args.router, "new_tokens": args.new_tokens, "rows_per_kind": args.rows,
-              "tasks": {"sensitive": sensitive, "robust": robust}, "results": []}
+              "tasks": {"sensitive": sensitive, "robust": robust}, "dense_setups": [name for name, _, _ in setups],
+              "dense_setups_missing": missing, "results": []}
     for length in args.lengths:
         prompts = prompt_batches(tokenizer, args.suite, {"sensitive": sensitive, "robust": robust}, length, args.rows,
                                  args.seed)
         for batch in args.batch:
             for kind, kind_prompts in prompts.items():
                 ids, mask = left_padded(kind_prompts, batch, pad_id, device)
-                for row in run_cell(model, pad_id, args.router, ids, mask, args, kind, length):
+                for row in run_cell(model, pad_id, args.router, ids, mask, args, kind, length, setups):
                     row.pop("tokens")
                     row.setdefault("tokens_equal_reference", None)
                     result["results"].append(row)
