@@ -1,5 +1,5 @@
 """Would a router adapter route the same if its weights were stored in float16 or bfloat16 (half the bytes of
-float32)? For rows of the code suite, one prefill per stored precision with the adapter's weights rounded to it
+float32)? For rows of a suite (code by default), one prefill per stored precision with the adapter's weights rounded to it
 (the routers still compute in float32): how many (layer, KV head) decisions differ from the float32 adapter's.
 
     python scripts/adapter_precision.py --model artifacts/qwen2.5-coder-1.5b-instruct \
@@ -32,6 +32,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--router", required=True)
     parser.add_argument("--tasks", default="passkey,multikey,find_definition,multivalue,next_line,recent_fact,"
                                            "recent_definition,pattern")
+    parser.add_argument("--suite", default="code", choices=["code", "synthetic"])
     parser.add_argument("--length", type=lambda text: parse_tokens(text)[0], default=4096)
     parser.add_argument("--rows", type=int, default=2, help="rows of each task")
     parser.add_argument("--seed", type=int, default=7)
@@ -48,7 +49,7 @@ def main(argv=None) -> dict:
               for index, router in routers.items()}
     device = next(model.parameters()).device
     result = {**run_header(device), "model": args.model, "router": args.router, "length": args.length, "rows": []}
-    suite = get_suite("code")
+    suite = get_suite(args.suite)
     for task in args.tasks.split(","):
         for row in suite.generate(task, args.length, args.seed, args.rows, tokenizer):
             ids = torch.tensor([encode_row(tokenizer, row).prompt_ids], device=device)

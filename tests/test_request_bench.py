@@ -64,3 +64,19 @@ def test_bad_request_arguments_are_refused(capsys):
         with pytest.raises(SystemExit):
             request.parse_args(["--model", "m", "--router", "r", "--out", "o.json", *argv])
         assert message in capsys.readouterr().err
+
+
+def test_adapter_precision_counts_the_decisions_a_rounded_adapter_changes(router, tmp_path):
+    """scripts/adapter_precision.py on the tiny backbone: one row per prompt, decisions counted against float32
+    (float32 itself differs nowhere, so the float16 and bfloat16 counts are the only ones reported)."""
+    from conftest import load_script
+
+    out = tmp_path / "precision.json"
+    result = load_script("adapter_precision").main([
+        "--model", str(TINY_BACKBONE), "--router", str(router), "--suite", "synthetic", "--tasks",
+        "needle_single,local_recall", "--length", "600", "--rows", "2", "--device", "cpu", "--dtype", "float32",
+        "--out", str(out)])
+    assert json.loads(out.read_text()) == result and len(result["rows"]) == 4
+    for row in result["rows"]:
+        assert row["decisions"] == 8 and 0 <= row["differ_float16"] <= row["decisions"]
+    assert set(result["differ"]) == {"float16", "bfloat16"} and all(0 <= v <= 1 for v in result["differ"].values())
