@@ -5,7 +5,7 @@ A random-weight decoder of the given shape (`bench.model`, Llama architecture; d
 attention and MLP shape), routing forced to ``--msr``, one random prompt of ``--length`` tokens repeated to each
 ``--batch``. Per batch size, greedy `generate` of ``--new-tokens`` tokens, twice with ``compile_decode`` off, then
 twice with it on (each time attached afresh); the first call of each pair captures (and compiles), the second is the
-steady state. A row per (batch, setting): the first call's and the second call's wall seconds, the second call's
+steady state. A row per (batch, setting): the first and the second call's seconds to their last token, the second call's
 decode milliseconds a step. Derived per batch size: ``compile_seconds`` (the first compiled call minus the steady
 compiled one; the uncompiled pair before it has compiled the prefill's and the cache's kernels for that batch size,
 so what is left is compiling the layers, and a capture of milliseconds), ``saved_ms_per_step`` (uncompiled step
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -46,16 +45,12 @@ def parse_args(argv=None):
 
 
 def timed_pair(model, ids, mask, args) -> dict:
-    """Two identical greedy generations: the first call's wall seconds, the second's, its decode ms a step."""
-    from elastic_attention.bench.timing import timed_generate
+    """Two identical greedy generations (`bench.timing.warm_then_timed`): each call's seconds from its start to its
+    last token, the second's decode milliseconds a step."""
+    from elastic_attention.bench.timing import warm_then_timed
 
-    began = time.perf_counter()
-    timed_generate(model, ids, mask, args.new_tokens, pad_id=0)
-    first = time.perf_counter() - began
-    began = time.perf_counter()
-    steady = timed_generate(model, ids, mask, args.new_tokens, pad_id=0)
-    second = time.perf_counter() - began
-    return {"first_call_s": first, "second_call_s": second,
+    steady = warm_then_timed(model, ids, mask, args.new_tokens, pad_id=0)
+    return {"first_call_s": steady["first_call_s"], "second_call_s": steady["ttft_s"] + steady["decode_s"],
             "decode_ms_per_step": 1000 * steady["decode_s"] / (args.new_tokens - 1)}
 
 

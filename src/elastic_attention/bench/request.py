@@ -6,7 +6,7 @@ left-padded), each ``--lengths`` and each ``--batch``, one greedy `generate` cal
 sequence suppressed, so every call makes them all) per setup, timed by a logits processor that stamps each token
 (synchronized): ``ttft_s`` is the first stamp (routing, prefill and the first token), ``decode_tokens_per_s`` is batch
 x (new tokens - 1) over the time from the first stamp to the last. Each setup runs twice on the same prompts; the
-second call is timed (the first compiles and captures what it needs; its wall time is ``first_call_s``).
+second call is timed (the first compiles and captures what it needs; its time to its last token is ``first_call_s``).
 
 - ``elastic``: the model with its router attached as `load_router` attaches it (backend ``auto``, the bounded cache,
   captured decode steps), once per ``--compile-decode`` setting (``off``: the captured steps run the layers as they
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from elastic_attention.bench.timing import parse_tokens, run_header, timed_generate, write_result
+from elastic_attention.bench.timing import parse_tokens, run_header, timed_generate, warm_then_timed, write_result
 from elastic_attention.io import atomic_write_text
 
 #: The fields of a result row (the issue's names; a results script reads them).
@@ -151,14 +151,6 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
     for row in rows[len(dense):]:
         row["tokens_equal_reference"] = bool(torch.equal(reference["tokens"], row["tokens"]))
     return rows
-
-
-def warm_then_timed(model, ids, mask, new_tokens: int, pad_id: int, **generate_kwargs) -> dict:
-    """The second of two identical `timed_generate` calls, with the first's wall time as ``first_call_s`` (the
-    first compiles and captures what the setup needs)."""
-    first = timed_generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
-    measured = timed_generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
-    return {**measured, "first_call_s": first["ttft_s"] + first["decode_s"]}
 
 
 def _adapter_config(model, router: str):
