@@ -39,7 +39,10 @@
 #                                                            # LENGTHS[/MODES[/TASKS]] (default "8k,16k 32k"; side by
 #                                                            # side on the GPU), then waits like real-table-wait
 #                                                            # (a group with the heads mode takes HEAD_SET=FILE and
-#                                                            # HEAD_SET_MSR=M: the set of scripts/head_set_search.py)
+#                                                            # HEAD_SET_MSR=M: the set of scripts/head_set_search.py);
+#                                                            # ROUTER=none CONFIG=FILE: cells that need no router
+#                                                            # (full, sparse, static@M, heads@M), attached with the
+#                                                            # config's elastic settings, to merge with a router's later
 #   OUT=$OUT bash benchmarks/device.sh real-table-wait       # waits for them (up to $LIMIT s), copies what they wrote
 #                                                            # to $OUT; call it back to back until it says "finished"
 #
@@ -246,9 +249,15 @@ case ${1:-} in
     tr '\r' '\n' < "$OUT/$name.log" | tail -30 ;;
   real-table)
     rm -rf /tmp/real-table && mkdir -p /tmp/real-table
-    [ -f "$ROUTER/router.safetensors" ] || { echo "no router adapter at $ROUTER: set ROUTER (the shipped one:"\
-      "src/elastic_attention/assets/routers/qwen2.5-coder-0.5b-instruct)"; exit 2; }
-    cp -r src /tmp/real-table/src && cp -r "$ROUTER" /tmp/real-table/router  # a later call replaces the tree
+    cp -r src /tmp/real-table/src  # a later call replaces the tree
+    if [ "$ROUTER" = none ]; then  # cells that need no router: the model attached with $CONFIG's elastic settings
+      cp "${CONFIG:?ROUTER=none needs CONFIG=a training config (its elastic settings attach the model)}" \
+        /tmp/real-table/config.yaml && attach=(--config /tmp/real-table/config.yaml)
+    else
+      [ -f "$ROUTER/router.safetensors" ] || { echo "no router adapter at $ROUTER: set ROUTER (the shipped one:"\
+        "src/elastic_attention/assets/routers/qwen2.5-coder-0.5b-instruct; ROUTER=none for cells without one)"; exit 2; }
+      cp -r "$ROUTER" /tmp/real-table/router && attach=(--router /tmp/real-table/router)
+    fi
     for group in ${GROUPS_OF_CELLS:-8k,16k 32k}; do  # LENGTHS[/MODES[/TASKS]]
       IFS=/ read -r lengths modes tasks <<< "$group"
       modes=${modes:-${MODES:-full,elastic,sparse,static,static@0.7}}
@@ -259,7 +268,7 @@ case ${1:-} in
       esac
       # setsid: the process outlives this call (the machine stays while calls follow back to back)
       PYTHONPATH=/tmp/real-table/src setsid nohup python3 -m elastic_attention.cli eval --model "$MODEL" \
-        --router /tmp/real-table/router --suite code --tasks "${tasks:-${TASKS:-all}}" --modes "$modes" \
+        "${attach[@]}" --suite code --tasks "${tasks:-${TASKS:-all}}" --modes "$modes" \
         --lengths "$lengths" --samples "$SAMPLES" --batch-size ${BATCH:-25} --out "/tmp/real-table/$name" \
         "${heads[@]}" > "/tmp/real-table/$name.log" 2>&1 < /dev/null &
       echo $! >> /tmp/real-table/pids
