@@ -267,9 +267,11 @@ case ${1:-} in
         heads=(--head-set "${HEAD_SET:?the heads mode needs HEAD_SET=FILE}" ${HEAD_SET_MSR:+--head-set-msr "$HEAD_SET_MSR"}) ;;
       esac
       # setsid: the process outlives this call (the machine stays while calls follow back to back)
-      PYTHONPATH=/tmp/real-table/src setsid nohup python3 -m elastic_attention.cli eval --model "$MODEL" \
+      # BATCH 10 by default: 25 ran out of memory at 16K beside 8K and 32K groups of the 1.5B (2026-12-04)
+      PYTHONPATH=/tmp/real-table/src PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True setsid nohup \
+        python3 -m elastic_attention.cli eval --model "$MODEL" \
         "${attach[@]}" --suite code --tasks "${tasks:-${TASKS:-all}}" --modes "$modes" \
-        --lengths "$lengths" --samples "$SAMPLES" --batch-size ${BATCH:-25} --out "/tmp/real-table/$name" \
+        --lengths "$lengths" --samples "$SAMPLES" --batch-size ${BATCH:-10} --out "/tmp/real-table/$name" \
         "${heads[@]}" > "/tmp/real-table/$name.log" 2>&1 < /dev/null &
       echo $! >> /tmp/real-table/pids
     done

@@ -9,13 +9,15 @@ from safetensors.torch import load_file
 
 from elastic_attention import AdapterMismatchError, force_routing, load_router, routers_of, routing_report
 from elastic_attention.adapters import WEIGHTS_FILE
-from elastic_attention.assets import QWEN_CODER_ROUTER
+from elastic_attention.assets import QWEN_CODER_1_5B_ROUTER, QWEN_CODER_ROUTER
 
 
 #: adapter folder -> its model's attention shape: layers, hidden size, query heads, KV heads (rope base 1e6).
 SHAPES = {
     QWEN_CODER_ROUTER: {"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14,
                         "num_key_value_heads": 2},
+    QWEN_CODER_1_5B_ROUTER: {"num_hidden_layers": 28, "hidden_size": 1536, "num_attention_heads": 12,
+                             "num_key_value_heads": 2},
 }
 
 
@@ -37,7 +39,7 @@ def test_committed_adapter_loads_and_routes_each_sample(adapter):
     saved = load_file(adapter / WEIGHTS_FILE)
     loaded = {f"layers.{i}.{name}": tensor for i, router in routers_of(model).items()
               for name, tensor in router.state_dict().items()}
-    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k].float(), saved[k]) for k in saved)
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k].float(), saved[k].float()) for k in saved)
     assert sum(t.numel() for k, t in saved.items() if k.startswith("layers.0.") and "feature_" not in k) > 60_000
     generator = torch.Generator().manual_seed(1)
     inputs = torch.randint(0, 512, (2, 300), generator=generator)
