@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 
@@ -31,7 +32,9 @@ def margin_table(model, tokenizer, tasks: Sequence[str], length: int, samples: i
     def record(index):
         def hook(router, inputs, output):
             logits = router.logits(inputs[0]).detach()
-            margins[index] = (logits[..., 1] - logits[..., 0]).cpu()  # [batch, Hkv]
+            margin = logits[..., 1] - logits[..., 0]
+            pinned = router.pinned_heads()  # always sparse, whatever their logits
+            margins[index] = (margin if pinned is None else margin.masked_fill(pinned, -math.inf)).cpu()  # [batch, Hkv]
         return hook
 
     handles = [router.register_forward_hook(record(index)) for index, router in routers_of(model).items()]

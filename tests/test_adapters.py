@@ -46,6 +46,45 @@ def test_round_trip_restores_routers_and_routing(tmp_path, config):
     assert torch.equal(ea.routing_report(fresh).decisions, expected)
 
 
+def test_pinned_heads_travel_with_the_adapter(tmp_path):
+    """Oracle: the routing of the model the pins were set on (pinned heads sparse on every input), and the unpinned
+    routing of the same weights, through save and load in both directions."""
+    config = dataclasses.replace(CONFIG, router_standardize=True)
+    model = ea.attach(tiny_model("qwen3"), config)
+    torch.manual_seed(0)
+    for router in ea.routers_of(model).values():
+        router.set_full_probability(0.99)  # every head full unless pinned
+    ids = torch.randint(1, 97, (3, 33))
+    with torch.no_grad():
+        model(ids)
+    unpinned = ea.routing_report(model).decisions
+    assert unpinned.all()
+    ea.save_router(model, tmp_path / "free")
+    layers = sorted(ea.routers_of(model))
+    pins = {index: torch.tensor([row % 2 == 0, row % 2 == 1]) for row, index in enumerate(layers)}
+    for index, router in ea.routers_of(model).items():
+        router.pin_sparse(pins[index])
+    with torch.no_grad():
+        model(ids)
+    pinned = ea.routing_report(model).decisions
+    assert torch.equal(pinned, unpinned * ~torch.stack([pins[i] for i in layers])[None])
+    ea.save_router(model, tmp_path / "pinned")
+    saved = load_file(tmp_path / "pinned" / "router.safetensors")
+    assert saved[f"layers.{layers[0]}.pinned_sparse"].tolist() == [1.0, 0.0]
+    assert not any("pinned" in key for key in load_file(tmp_path / "free" / "router.safetensors"))
+    fresh = tiny_model("qwen3")
+    for adapter, expected in (("pinned", pinned), ("free", unpinned), ("pinned", pinned)):
+        ea.load_router(fresh, tmp_path / adapter)  # each adapter's pins replace the model's
+        with torch.no_grad():
+            fresh(ids)
+        assert torch.equal(ea.routing_report(fresh).decisions, expected), adapter
+    tensors = dict(saved)
+    tensors[f"layers.{layers[0]}.pinned_sparse"] = torch.ones(3)
+    save_file(tensors, tmp_path / "bad.safetensors")
+    with pytest.raises(AdapterMismatchError, match="pinned_sparse .* has shape \\[3\\].*one flag per KV head \\(2\\)"):
+        ea.adapters.load_router_tensors(ea.routers_of(fresh), tensors, source=tmp_path / "bad.safetensors")
+
+
 def test_routers_never_run_under_settings_they_were_not_trained_with(tmp_path):
     model = ea.attach(tiny_model("llama"), CONFIG)
     ea.save_router(model, tmp_path)

@@ -59,6 +59,39 @@ def test_per_head_full_probabilities_set_each_heads_first_decisions():
         router.set_full_probability(torch.tensor([0.5, 1.0, 0.5]))
 
 
+def test_pinned_heads_stay_sparse_under_noise_and_training():
+    """Oracle: sample frequencies over many Gumbel draws, before and after optimizer steps that reward full
+    attention on every head; the unpinned head keeps its probability and then moves, the pinned ones never leave
+    sparse attention, though their logits come to favour full attention."""
+    torch.manual_seed(5)
+    router = AttentionRouter(head_dim=16, width=2, num_kv_heads=3)
+    router.set_full_probability(torch.tensor([0.9, 0.1, 0.5]))
+    router.pin_sparse(torch.tensor([False, True, True]))
+    router.train()
+    pooled = torch.randn(4000, 3, 16)
+    decisions = router(pooled, generator=torch.Generator().manual_seed(0))
+    assert abs(decisions[:, 0].mean().item() - 0.9) < 0.03 and not decisions[:, 1:].any()
+    optimizer = torch.optim.AdamW(router.parameters(), lr=1e-2, weight_decay=0.1)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(200):
+        optimizer.zero_grad()
+        (-router(pooled[:256], generator=generator).sum()).backward()
+        optimizer.step()
+    decisions = router(pooled, generator=generator)
+    assert decisions[:, 0].mean() > 0.99 and not decisions[:, 1:].any()
+    logits = router.logits(pooled)
+    assert (logits[:, 1:, 1] > logits[:, 1:, 0]).float().mean() > 0.5  # the pins, not the logits, keep them sparse
+    assert not router.eval()(pooled)[:, 1:].any()
+    assert router.state_dict()["pinned_sparse"].tolist() == [False, True, True]
+    router.pin_sparse(None)
+    assert router.pinned_heads() is None and "pinned_sparse" not in router.state_dict()
+    assert router(pooled)[:, 1:].any()
+    with pytest.raises(ValueError, match="one flag per KV head \\(3\\), got shape \\(2,\\)"):
+        router.pin_sparse(torch.tensor([True, False]))
+    with pytest.raises(ValueError, match="standardizing router"):
+        AttentionRouter(head_dim=16).pin_sparse(torch.tensor([True]))
+
+
 def test_eval_mode_is_a_deterministic_argmax():
     router = AttentionRouter(head_dim=16).eval()
     pooled = torch.randn(5, 3, 16)

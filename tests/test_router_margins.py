@@ -1,5 +1,5 @@
 """scripts/router_margins.py: the argmax MSR it reads from the routers' margins is the MSR the evaluation measures
-on the same rows, and the expected MSR under sampling is the mean of sigmoid(SA - FA)."""
+on the same rows (pinned heads sparse), and the expected MSR under sampling is the mean of sigmoid(SA - FA)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from conftest import load_script
 TINY = Path(__file__).resolve().parents[1] / "src" / "elastic_attention" / "assets" / "backbone_tiny"
 
 
-def test_margins_agree_with_the_evaluations_routing(tmp_path):
+@pytest.mark.parametrize("pinned", [False, True], ids=["routed", "first_head_pinned"])
+def test_margins_agree_with_the_evaluations_routing(tmp_path, pinned):
     from elastic_attention import ElasticConfig, attach
     from elastic_attention.adapters import save_router
     from elastic_attention.evaluation.pipeline import load_backbone
@@ -21,12 +22,16 @@ def test_margins_agree_with_the_evaluations_routing(tmp_path):
     from elastic_attention.integration import routers_of
 
     model, tokenizer = load_backbone(TINY, device="cpu")
-    attach(model, ElasticConfig(configuration="fa-ssa", block_size=32, sink_tokens=32, local_tokens=128))
+    attach(model, ElasticConfig(configuration="fa-ssa", block_size=32, sink_tokens=32, local_tokens=128,
+                                router_standardize=pinned))
     torch.manual_seed(0)
     with torch.no_grad():  # margins of both signs and sizes, so the routing is mixed
         for router in routers_of(model).values():
             for parameter in router.parameters():
                 parameter.normal_(0.0, 0.5)
+            if pinned:  # the first KV head always sparse, whatever its margin
+                router.head_bias[0, 1] = 5.0
+                router.pin_sparse(torch.arange(router.num_kv_heads) == 0)
     save_router(model, tmp_path / "router")
     script = load_script("router_margins")
     out = tmp_path / "margins.json"

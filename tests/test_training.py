@@ -259,6 +259,8 @@ def test_initial_full_heads_errors_name_the_fix(tmp_path):
                     initial_full_heads_msr=0.6)
     with pytest.raises(ConfigError, match="`initial_full_heads`, which is not set"):
         TrainConfig(model="m", initial_full_heads_msr=0.5)
+    with pytest.raises(ConfigError, match="`sparse_outside_initial_heads` pins the heads outside `initial_full_heads`"):
+        TrainConfig(model="m", sparse_outside_initial_heads=True)
     (tmp_path / "bad.json").write_text(json.dumps({"rounds": []}))
     with pytest.raises(ConfigError, match="not a head_set_search result"):
         TrainConfig(model="m", elastic=standardizing, initial_full_probability=0.9,
@@ -286,11 +288,40 @@ def test_routers_start_from_a_head_set(tmp_path, random_suite_backbone):
         logits = (router.router_mlp[-1].bias + router.head_bias).detach().double()
         expected = torch.tensor([0.8 if in_set else 0.2 for in_set in full], dtype=torch.float64)
         torch.testing.assert_close(torch.softmax(logits, -1)[:, 1], expected)
+    assert all(router.pinned_heads() is None for router in routers_of(trainer.model).values())
     wrong = write_head_sets(tmp_path / "wrong.json", {0.5: [[True, False]] * 3})
     config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "wrong", elastic=elastic,
                                                 initial_full_probability=0.8, initial_full_heads=str(wrong)))
     with pytest.raises(ConfigError, match="the set is \\(3, 2\\).*the model routes \\(2, 2\\)"):
         RouterTrainer(config, progress=False).setup()
+
+
+def test_heads_outside_the_set_stay_sparse_through_training(tmp_path, random_suite_backbone):
+    """Oracle: the head set itself: after training, every head outside it is pinned in the adapter and sparse on
+    every training sample, though it starts at P(full) 0.8 (1 minus the set's 0.2): only the pins hold it."""
+    head_set = [[True, False], [False, True]]
+    heads = write_head_sets(tmp_path / "search.json", {0.5: head_set})
+    config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "run", elastic=STANDARDIZING["elastic"],
+                                                steps=3, initial_full_probability=0.2, initial_full_heads=str(heads),
+                                                sparse_outside_initial_heads=True))
+    trainer = RouterTrainer(config, progress=False)
+    trainer.setup()
+    outside = ~torch.tensor(head_set)
+    trainer.finish(trainer.train())
+    from elastic_attention.integration import routers_of
+
+    saved = load_file(tmp_path / "run" / "router" / "router.safetensors")
+    for row, index in enumerate(sorted(routers_of(trainer.model))):
+        assert saved[f"layers.{index}.pinned_sparse"].bool().tolist() == outside[row].tolist()
+    from elastic_attention import routing_report
+    from elastic_attention.training.trainer import forward_pack
+
+    model = trainer.model.eval()
+    with torch.no_grad():
+        for pack in trainer.packs:
+            forward_pack(model, pack, torch.device("cpu"), logits_to_keep=1)
+            decisions = routing_report(model).decisions  # [samples of the pack, layers, KV heads]
+            assert not decisions[:, outside].any()
 
 
 def write_config(tmp_path, backbone, name, **extra):
@@ -345,20 +376,27 @@ def test_cli_run_killed_midway_resumes_to_the_uninterrupted_result(tmp_path, ran
 
 
 @pytest.mark.slow  # 18-25 s each on a 2-core Xeon: four short runs
-@pytest.mark.parametrize("standardize", [False, True], ids=["paper_router", "standardizing_router"])
-def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_suite_backbone, standardize):
+@pytest.mark.parametrize("standardize, pins", [(False, False), (True, False), (True, True)],
+                         ids=["paper_router", "standardizing_router", "pinned_heads"])
+def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_suite_backbone, standardize, pins):
     # A run killed after logging its third step but before the next checkpoint: resuming from the checkpoint after
     # two steps must not log the third twice. Simulated deterministically: finish a 3-step run, then remove its
-    # adapter and its final checkpoint, and resume. A standardizing router's statistics come from the checkpoint.
+    # adapter and its final checkpoint, and resume. A standardizing router's statistics (and pins) come from the
+    # checkpoint.
     from elastic_attention.training import train
 
     elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8,
                "router_standardize": standardize}
+    extra = {}
+    if pins:
+        heads = write_head_sets(tmp_path / "search.json", {0.5: [[True, False], [False, True]]})
+        extra = {"initial_full_probability": 0.9, "initial_full_heads": str(heads), "sparse_outside_initial_heads": True}
     straight = TrainConfig.from_yaml(
-        write_config(tmp_path, random_suite_backbone, "straight", steps=3, elastic=elastic)
+        write_config(tmp_path, random_suite_backbone, "straight", steps=3, elastic=elastic, **extra)
     )
     train(straight, progress=False)
-    killed = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "killed", steps=3, elastic=elastic))
+    killed = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "killed", steps=3, elastic=elastic,
+                                                **extra))
     train(killed, progress=False)
     run = tmp_path / "killed"
     assert len((run / "metrics.csv").read_text().splitlines()) == 4  # header + steps 0, 1, 2
@@ -372,6 +410,7 @@ def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_
         torch.testing.assert_close(routers(run)[name], value, rtol=0, atol=0)
     scales = [value for name, value in routers(run).items() if name.endswith("feature_scale")]
     assert len(scales) == (2 if standardize else 0) and all((scale != 1).all() for scale in scales)
+    assert len([name for name in routers(run) if name.endswith("pinned_sparse")]) == (2 if pins else 0)
 
 
 STANDARDIZING = {"elastic": {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8,

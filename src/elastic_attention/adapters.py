@@ -2,7 +2,8 @@
 
 An adapter folder holds ``elastic_config.json`` (the ElasticConfig and the shape of the model it was trained on)
 and ``router.safetensors`` (keys ``layers.{i}.task_mlp.*`` and ``layers.{i}.router_mlp.*``; a standardizing
-router adds ``layers.{i}.feature_mean``, ``layers.{i}.feature_scale`` and ``layers.{i}.head_bias``).
+router adds ``layers.{i}.feature_mean``, ``layers.{i}.feature_scale`` and ``layers.{i}.head_bias``, and one with
+pinned heads ``layers.{i}.pinned_sparse``, 1.0 for each KV head it always sends to sparse attention).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from elastic_attention.errors import AdapterMismatchError, ConfigError
 from elastic_attention.integration import attach, detach, is_attached, routers_of
 from elastic_attention.integration.attach import runtime_of
 from elastic_attention.io import atomic_write_bytes, atomic_write_text
+from elastic_attention.router.router import PINS
 
 logger = logging.getLogger(__name__)
 
@@ -313,9 +315,11 @@ def load_router_tensors(routers: dict, tensors: dict[str, torch.Tensor], source:
         f"layers.{index}.{name}": parameter
         for index, router in routers.items()
         for name, parameter in router.state_dict().items()
+        if name != PINS
     }
+    pins = {index: tensors.get(f"layers.{index}.{PINS}") for index in routers}
     missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
+    unexpected = sorted(set(tensors) - set(expected) - {f"layers.{index}.{PINS}" for index in routers})
     if missing or unexpected:
         raise AdapterMismatchError(
             f"router weights at {source} do not match the model's routers: missing {missing[:6]}"
@@ -327,10 +331,18 @@ def load_router_tensors(routers: dict, tensors: dict[str, torch.Tensor], source:
                 f"router weight {name} at {source} has shape {list(tensors[name].shape)}, "
                 f"the model's router expects {list(target.shape)}"
             )
+    for index, heads in pins.items():
+        if heads is not None and (routers[index].num_kv_heads is None or heads.shape != (routers[index].num_kv_heads,)):
+            raise AdapterMismatchError(
+                f"router weight layers.{index}.{PINS} at {source} has shape {list(heads.shape)}, the model's router "
+                f"pins one flag per KV head ({routers[index].num_kv_heads})"
+            )
     check_finite(tensors, f"the router weights at {source} cannot be used")
     with torch.no_grad():
         for name, target in expected.items():
             target.copy_(tensors[name])
+    for index, heads in pins.items():  # the adapter's pins replace the router's (none: no pins)
+        routers[index].pin_sparse(None if heads is None else heads > 0.5)
 
 
 def check_finite(tensors: dict[str, torch.Tensor], context: str) -> None:

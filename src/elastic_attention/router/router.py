@@ -7,6 +7,9 @@ from torch import nn
 
 from elastic_attention.router.sampling import gumbel_noise, straight_through_decision
 
+#: The state-dict name of a router's pinned heads (`AttentionRouter.pin_sparse`).
+PINS = "pinned_sparse"
+
 
 class AttentionRouter(nn.Module):
     """One router per layer, shared by the layer's KV heads.
@@ -84,6 +87,31 @@ class AttentionRouter(nn.Module):
             bias[1] = float(logit)
 
     @torch.no_grad()
+    def pin_sparse(self, heads: torch.Tensor | None) -> None:
+        """Send the given KV heads to sparse attention for every input; the router chooses among the others only.
+
+        A pinned head's decision is 0 whatever its logits, in training (no gradient reaches it) and at inference.
+        The pins are the router's buffer ``pinned_sparse`` ([Hkv] bool), so its state dict, and an adapter saved
+        from it, carries them; a router without pins has no such buffer (its state dict is unchanged).
+
+        Args:
+            heads: [Hkv] bool, True for the heads to pin (a standardizing router only: it knows Hkv); ``None`` or no
+                True removes every pin.
+        """
+        if heads is None or not bool(torch.as_tensor(heads).any()):
+            self._buffers.pop(PINS, None)
+            return
+        heads = torch.as_tensor(heads, dtype=torch.bool)
+        if self.num_kv_heads is None or heads.shape != (self.num_kv_heads,):
+            raise ValueError(f"pinning heads needs a standardizing router (`router_standardize: true`) and one flag "
+                             f"per KV head ({self.num_kv_heads}), got shape {tuple(heads.shape)}")
+        self.register_buffer(PINS, heads.to(self.head_bias.device))
+
+    def pinned_heads(self) -> torch.Tensor | None:
+        """[Hkv] bool, the heads `pin_sparse` sends to sparse attention for every input, or ``None``."""
+        return self._buffers.get(PINS)
+
+    @torch.no_grad()
     def set_feature_statistics(self, pooled_keys: torch.Tensor) -> None:
         """Set the per-head centre and scale of a standardizing router from sample inputs.
 
@@ -135,10 +163,14 @@ class AttentionRouter(nn.Module):
 
         Returns:
             [N, Hkv] float32, 1.0 where the head runs full (retrieval) attention and 0.0 where it runs sparse
-            attention; differentiable through the straight-through estimator in training mode.
+            attention (always for a pinned head); differentiable through the straight-through estimator in
+            training mode.
         """
         logits = self.logits(pooled_keys)
         if not self.training:
-            return (logits[..., 1] > logits[..., 0]).float()
-        noise = gumbel_noise(logits.shape, device=logits.device, generator=generator)
-        return straight_through_decision(logits, self.temperature, noise, self.margin_limit)
+            decisions = (logits[..., 1] > logits[..., 0]).float()
+        else:
+            noise = gumbel_noise(logits.shape, device=logits.device, generator=generator)
+            decisions = straight_through_decision(logits, self.temperature, noise, self.margin_limit)
+        pinned = self.pinned_heads()
+        return decisions if pinned is None else decisions.masked_fill(pinned, 0.0)

@@ -113,6 +113,10 @@ class TrainConfig:
             full-attention KV heads start at P(full) = ``initial_full_probability`` and the others at 1 minus that
             (through each standardizing router's ``head_bias``). ``None``: every head starts alike.
         initial_full_heads_msr: which of that file's sets (its ``msr_asked``); needed when it holds several.
+        sparse_outside_initial_heads: pin every KV head outside ``initial_full_heads`` to sparse attention for
+            every input (`AttentionRouter.pin_sparse`; the adapter keeps the pins): the routers choose per input
+            only among the set's heads, so an input that needs them keeps at most the searched set and one that
+            does not can drop all of it.
         checkpoint_every: steps between checkpoints (0: only at the end).
         seed: initialisation and Gumbel-noise seed.
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
@@ -146,6 +150,7 @@ class TrainConfig:
     initial_full_probability: float | None = None
     initial_full_heads: str | None = None
     initial_full_heads_msr: float | None = None
+    sparse_outside_initial_heads: bool = False
     checkpoint_every: int = 0
     seed: int = 0
     device: str = "auto"
@@ -195,6 +200,9 @@ class TrainConfig:
             self.initial_head_set()
         elif self.initial_full_heads_msr is not None:
             raise ConfigError("`initial_full_heads_msr` picks a set of `initial_full_heads`, which is not set")
+        elif self.sparse_outside_initial_heads:
+            raise ConfigError("`sparse_outside_initial_heads` pins the heads outside `initial_full_heads`, which is "
+                              "not set: give the head set (the --out file of scripts/head_set_search.py)")
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"`warmup_fraction` must be in [0, 1), got {self.warmup_fraction}")
         if self.lm_loss not in LM_LOSS_KINDS:

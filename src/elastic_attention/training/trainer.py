@@ -120,7 +120,8 @@ class RouterTrainer:
 
     def _set_initial_routing(self, routers: list) -> None:
         """Start every router at ``initial_full_probability``, or, with ``initial_full_heads``, its set's heads at
-        that P(full) and the other heads at 1 minus it."""
+        that P(full) and the other heads at 1 minus it (pinned to sparse attention with
+        ``sparse_outside_initial_heads``)."""
         probability = self.config.initial_full_probability
         head_set = self.config.initial_head_set()
         if head_set is None:
@@ -133,6 +134,8 @@ class RouterTrainer:
                               f"the model routes {shape}: search the head set on this model")
         for router, full in zip(routers, head_set):
             router.set_full_probability(torch.where(full, probability, 1.0 - probability))
+            if self.config.sparse_outside_initial_heads:
+                router.pin_sparse(~full)
 
     def _calibrate_routers(self) -> None:
         """Set the standardizing routers' per-head input statistics from the first packs.
