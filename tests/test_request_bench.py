@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 
+from conftest import load_script
+
 from elastic_attention.assets import TINY_BACKBONE
 from elastic_attention.bench import request
 from elastic_attention.cli import main as cli_main
@@ -55,6 +57,45 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
     table = out.with_suffix(".md").read_text()
     assert table.count("| sensitive | 600 |") == 6 and "| elastic | router | 0.50 |" in table
     assert "| elastic | router, compiled | 0.50 |" in table
+    lines = load_script("request_bars").main([str(out)])  # the bars script reads what the bench writes
+    assert lines[0].endswith("not measured (no cell of dense and elastic rows)")  # no 32K cell
+    assert lines[1].endswith("not measured (no cell of dense and elastic rows)")  # no batch-8 cell
+    assert "(600 batch 1: " in lines[2] and ", 600 batch 3: " in lines[2]
+    assert lines[4].startswith("KV-cache bytes within 10% of what the routing implies: met")
+    assert lines[5] == "tokens equal the reference path's: met"
+
+
+def request_row(kind, length, batch, mode, ttft, decode, setup, kv=1.0, equal=True):
+    row = {"prompt_kind": kind, "length": length, "batch": batch, "mode": mode, "ttft_s": ttft,
+           "decode_tokens_per_s": decode}
+    if mode == "dense":
+        return {**row, "baseline": setup}
+    return {**row, "baseline": None, "compile_decode": setup == "compiled", "kv_cache_bytes": 100 * kv,
+            "kv_cache_bytes_implied": 100, "tokens_equal_reference": equal}
+
+
+def test_request_bars_judge_the_best_setups_against_the_best_baseline():
+    """Oracle: verdicts worked out by hand from the timings (the best dense setup per metric: SDPA's first token,
+    the static graph's decode; the best elastic setup per metric)."""
+    rows = [
+        request_row("robust", 32768, 8, "dense", 3.0, 100.0, "sdpa"),
+        request_row("robust", 32768, 8, "dense", 3.3, 150.0, "static_graph"),
+        request_row("robust", 32768, 8, "elastic", 2.0, 230.0, "plain"),    # ttft 1.50x, decode 1.53x
+        request_row("robust", 32768, 8, "elastic", 2.2, 250.0, "compiled"),  # decode 1.67x: the best
+        request_row("robust", 32768, 1, "dense", 1.0, 40.0, "sdpa"),
+        request_row("robust", 32768, 1, "elastic", 0.75, 45.0, "plain"),     # ttft 1.33x < 1.4
+        request_row("sensitive", 16384, 1, "dense", 1.0, 40.0, "sdpa"),
+        request_row("sensitive", 16384, 1, "elastic", 1.04, 39.0, "plain", kv=1.12, equal=False),  # 0.96x, 0.975x
+    ]
+    lines = load_script("request_bars").bars(rows)
+    assert lines[0].startswith("time to first token >= 1.4x faster, robust prompts at 32K: missed (32K batch 1: "
+                               "1.33x (router over sdpa), 32K batch 8: 1.50x (router over sdpa))")
+    assert lines[1] == ("decode >= 1.6x faster, robust prompts at batch 8: met (32K batch 8: 1.67x "
+                        "(router, compiled over static_graph))")
+    assert lines[2].startswith("time to first token at most 5% slower, sensitive prompts: met (16K batch 1: 0.96x")
+    assert lines[3].startswith("decode at most 5% slower, sensitive prompts: met (16K batch 1: 0.97x")
+    assert lines[4] == "KV-cache bytes within 10% of what the routing implies: missed (farthest 1.120x)"
+    assert lines[5] == "tokens equal the reference path's: missed: sensitive 16K batch 1 (router)"
 
 
 def test_bad_request_arguments_are_refused(capsys):
