@@ -7,8 +7,11 @@ set's points ``heads@MSR`` and the retrieval-score static hybrid's ``static@MSR`
   and the mean over the tasks (each task weighs the same);
 - the sensitive target: the highest MSR at which the joint searched set keeps >= ``--share`` of full attention on
   every sensitive task (or each of ``--target-tasks``) at ``--target-length``, with the points below it that miss;
-- with ``--plot``, the Pareto plot (mean retention against average MSR; the curves and each router run's point,
-  against the run's own full-attention cells where its file has them).
+- with ``--by-kind heads@0.5,sparse``, what routing by task kind alone would give (each sensitive task on the first
+  mode, each robust one on the second: the best a router choosing between the two could do), against the searched
+  set at the same MSR;
+- with ``--plot``, the Pareto plot (mean retention against average MSR; the curves, the by-kind point and each
+  router run's point, against the run's own full-attention cells where its file has them).
 
     python scripts/frontier_report.py benchmarks/results/real_model_1.5b_frontier_eval.json \
         --router fifth=runs/eval.json --plot pareto.png --out frontier.md
@@ -72,6 +75,29 @@ def sensitive_target(rows: list[dict], length: int, share: float, tasks: Sequenc
     return line
 
 
+def by_kind_lines(rows: list[dict], lengths: Sequence[int], by_kind: tuple[str, str]) -> str:
+    """Per length, the point of routing by task kind alone and the searched set's retention at its MSR (linear
+    between the set's two nearest points)."""
+    from elastic_attention.evaluation.frontier import curve, routed_by_kind
+
+    lines = []
+    for length in lengths:
+        found = routed_by_kind(rows, *by_kind, length)
+        if found is None:
+            lines.append(f"by task kind ({by_kind[0]} / {by_kind[1]}) at {length} tokens: a cell is missing")
+            continue
+        points = curve(rows, "heads@", length)
+        around = [(a, b) for a, b in zip(points, points[1:]) if a.msr <= found.msr <= b.msr]
+        against = ""
+        if around:
+            a, b = around[0]
+            heads = a.retention + (b.retention - a.retention) * (found.msr - a.msr) / (b.msr - a.msr or 1.0)
+            against = f"; the searched set there keeps {heads:.1%} ({100 * (found.retention - heads):+.1f} points)"
+        lines.append(f"by task kind ({by_kind[0]} / {by_kind[1]}) at {length} tokens: MSR {found.msr:.3f}, "
+                     f"mean retention {found.retention:.1%}{against}")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> str:
     from elastic_attention.evaluation.frontier import plot_pareto
     from elastic_attention.io import atomic_write_text
@@ -85,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> str:
     parser.add_argument("--share", type=float, default=0.98, help="share of full attention the target must keep")
     parser.add_argument("--target-tasks", help="comma list of the tasks the target must keep (default: every "
                                                "sensitive task; give the trained ones)")
+    parser.add_argument("--by-kind", metavar="SENSITIVE_MODE,ROBUST_MODE",
+                        help="also the point of routing by task kind alone, e.g. heads@0.5,sparse: each sensitive "
+                             "task's cell of the first mode, each robust task's of the second")
     parser.add_argument("--plot", help="PNG file for the Pareto plot")
     parser.add_argument("--out", help="markdown file for the tables and the target")
     args = parser.parse_args(argv)
@@ -100,12 +129,16 @@ def main(argv: Sequence[str] | None = None) -> str:
     lengths = ([int(text) for text in args.lengths.split(",")] if args.lengths
                else sorted({row["length"] for row in rows}))
     target_tasks = args.target_tasks.split(",") if args.target_tasks else None
+    by_kind = tuple(args.by_kind.split(",")) if args.by_kind else None
+    if by_kind is not None and len(by_kind) != 2:
+        parser.error(f"--by-kind takes SENSITIVE_MODE,ROBUST_MODE, got {args.by_kind!r}")
     report = (frontier_tables(rows, lengths) + "\n\n"
-              + sensitive_target(rows, args.target_length, args.share, target_tasks) + "\n")
+              + sensitive_target(rows, args.target_length, args.share, target_tasks) + "\n"
+              + (by_kind_lines(rows, lengths, by_kind) if by_kind else ""))
     if args.out:
         atomic_write_text(args.out, report)
     if args.plot:
-        plot_pareto(rows, routers, lengths, args.plot)
+        plot_pareto(rows, routers, lengths, args.plot, by_kind)
     print(report)
     return report
 

@@ -8,7 +8,8 @@ import math
 import pytest
 from conftest import load_script
 
-from elastic_attention.evaluation.frontier import curve, highest_msr_keeping, plot_pareto, point, with_full
+from elastic_attention.evaluation.frontier import (curve, highest_msr_keeping, plot_pareto, point, routed_by_kind,
+                                                   with_full)
 
 KINDS = {"needle": "sensitive", "chain": "sensitive", "recent": "robust"}
 FULL = {"needle": 1.0, "chain": 0.8, "recent": 0.5}
@@ -44,6 +45,18 @@ def test_a_point_is_the_equal_weight_mean_of_each_tasks_retention():
     assert [p.mode for p in curve(partial, "heads@", 16384)] == ["heads@0.25", "heads@0.75"]
     zero = [dict(row, accuracy=0.0) if row["mode"] == "full" and row["task"] == "recent" else row for row in rows()]
     assert math.isnan(point(zero, "heads@0.5", 16384).tasks["recent"])
+
+
+def test_routing_by_kind_takes_each_kinds_cells_from_its_mode():
+    """Oracle, by hand: needle and chain (sensitive) from heads@0.25, recent (robust) from sparse."""
+    found = routed_by_kind(rows(), "heads@0.25", "sparse", 16384)
+    assert found.tasks == pytest.approx({"needle": 1.0, "chain": 1.0, "recent": 1.0})
+    assert found.msr == pytest.approx((0.25 + 0.25 + 1.0) / 3) and found.mode == "by kind"
+    assert routed_by_kind(rows(), "heads@0.3", "sparse", 16384) is None  # no such mode: a cell is missing
+    report = load_script("frontier_report").by_kind_lines(rows(), [16384], ("heads@0.25", "sparse"))
+    # the searched set at MSR 0.5 (between heads@0.5 at 102.9% and heads@0.75 at 83.3%): 102.9%
+    assert report == ("by task kind (heads@0.25 / sparse) at 16384 tokens: MSR 0.500, mean retention 100.0%; the "
+                      "searched set there keeps 102.9% (-2.9 points)\n")
 
 
 def test_the_target_is_the_highest_point_keeping_every_task():
@@ -87,9 +100,9 @@ def test_the_plot_draws_every_router_run(tmp_path, monkeypatch):
                         lambda self, *args, **kwargs: drawn.append(kwargs.get("label")) or original(self, *args, **kwargs))
     second = [dict(row, accuracy=row["accuracy"] / 2) if row["mode"] == "elastic" else row for row in rows()]
     plot_pareto([row for row in rows() if row["mode"] != "elastic"], {"first": rows(), "second": second}, [16384],
-                tmp_path / "p.png")
+                tmp_path / "p.png", by_kind=("heads@0.25", "sparse"))
     assert drawn == ["joint searched head set", "retrieval-score static hybrid", "full attention", "all SSA",
-                     "elastic: first", "elastic: second"]
+                     "by task kind, no router (heads@0.25 / sparse)", "elastic: first", "elastic: second"]
 
 
 def test_real_model_bars_compare_elastic_with_the_searched_set_at_its_msr():

@@ -57,6 +57,16 @@ def point(rows: Sequence[dict], mode: str, length: int, tasks: Sequence[str] | N
                  retention=sum(kept.values()) / len(kept), tasks=kept)
 
 
+def routed_by_kind(rows: Sequence[dict], sensitive_mode: str, robust_mode: str, length: int) -> Point | None:
+    """The point of routing by task kind alone, with no router: each sensitive task's cell of ``sensitive_mode``
+    (e.g. ``heads@0.5``, a searched set) and each robust task's of ``robust_mode`` (e.g. ``sparse``), as if a router
+    told the kinds apart perfectly and chose nothing else. None when a cell is missing."""
+    kinds = {row["task"]: row.get("kind") for row in rows if row["length"] == length}
+    chosen = [dict(row, mode="by kind") for row in rows if row["length"] == length and row["mode"] == (
+        sensitive_mode if kinds[row["task"]] == "sensitive" else robust_mode)]
+    return point([*chosen, *(row for row in rows if row["mode"] == "full")], "by kind", length)
+
+
 def curve(rows: Sequence[dict], prefix: str, length: int, tasks: Sequence[str] | None = None) -> list[Point]:
     """The complete points of every ``PREFIX@MSR`` mode at ``length``, by rising MSR."""
     modes = dict.fromkeys(row["mode"] for row in rows if row["mode"].startswith(prefix))
@@ -85,9 +95,10 @@ def with_full(cells: Sequence[dict], frontier: Sequence[dict]) -> list[dict]:
 
 
 def plot_pareto(frontier: Sequence[dict], routers: dict[str, Sequence[dict]], lengths: Sequence[int],
-                path: str | Path) -> Path:
+                path: str | Path, by_kind: tuple[str, str] | None = None) -> Path:
     """Mean retention over the tasks against mean MSR, one panel per length: the ``heads@`` and ``static@`` curves
-    and full / all-SSA of the frontier, and the ``elastic`` point of each router run.
+    and full / all-SSA of the frontier, the ``elastic`` point of each router run, and with ``by_kind`` (sensitive
+    mode, robust mode) the point of routing by task kind alone (`routed_by_kind`).
 
     Args:
         frontier: eval.json rows of the frontier (full attention's among them).
@@ -111,6 +122,10 @@ def plot_pareto(frontier: Sequence[dict], routers: dict[str, Sequence[dict]], le
             found = point(frontier, mode, length)
             if found is not None:
                 axis.plot(found.msr, found.retention, marker, markersize=9, label=label)
+        found = routed_by_kind(frontier, *by_kind, length) if by_kind else None
+        if found is not None:
+            axis.plot(found.msr, found.retention, "o", markerfacecolor="none", color="C2", markersize=10,
+                      label=f"by task kind, no router ({by_kind[0]} / {by_kind[1]})")
         for (label, rows), color in zip(routers.items(), ("C3", "C4", "C5", "C6", "C8", "C9")):
             found = point(with_full(rows, frontier), "elastic", length)
             if found is not None:
