@@ -46,6 +46,12 @@
 #   OUT=$OUT bash benchmarks/device.sh real-table-wait       # waits for them (up to $LIMIT s), copies what they wrote
 #                                                            # to $OUT; call it back to back until it says "finished"
 #
+#   ROUTER=DIR OUT=$OUT bash benchmarks/device.sh real-request ARGS   # `elastic-attention bench request` on $MODEL
+#                                                            # with the adapter DIR and ARGS (--lengths 16k,32k
+#                                                            # --batch 1,8 --new-tokens 128 ...) in the background,
+#                                                            # waits like real-request-wait (request.json keeps the
+#                                                            # cells done so far): call that until "finished"
+#
 #   OUT=$OUT bash benchmarks/device.sh frontier              # the model's static frontier, longer than a call: in
 #                                                            # the background the joint greedy head-set search over
 #                                                            # the sensitive tasks at 16K (scripts/head_set_search.py,
@@ -99,6 +105,15 @@ real_table_wait() {  # wait for real-table's evals (up to $LIMIT s), copy their 
   done
   if [ "$ended" = 0 ]; then echo "real-table finished at $(( $(date +%s) - start )) s"
   else echo "real-table still running at $(( $(date +%s) - start )) s: call real-table-wait again"; fi
+}
+real_request_wait() {  # wait for real-request's benchmark (up to $LIMIT s), copy its JSON, table and log to $OUT
+  [ -f /tmp/real-request/pids ] || { echo "no real-request run on this machine: start one with the real-request stage"; exit 2; }
+  wait_pids /tmp/real-request/pids; local ended=$?
+  cp /tmp/real-request/request.json /tmp/real-request/request.md /tmp/real-request/request.log "$OUT/" 2>/dev/null
+  tr '\r' '\n' < /tmp/real-request/request.log | grep -v '^$' | tail -3 | cut -c1-300
+  if [ "$ended" = 0 ]; then echo "real-request finished at $(( $(date +%s) - start )) s"
+  else echo "real-request still running at $(( $(date +%s) - start )) s (its JSON holds the cells done):"\
+    "call real-request-wait again"; fi
 }
 frontier_wait() {  # wait for frontier's search and evals (up to $LIMIT s), copy what they wrote to $OUT
   [ -f /tmp/frontier/pids ] || { echo "no frontier run on this machine: start one with the frontier stage"; exit 2; }
@@ -278,6 +293,17 @@ case ${1:-} in
     real_table_wait ;;
   real-table-wait)
     real_table_wait ;;
+  real-request)  # bench request in the background (longer than a call): $MODEL, $ROUTER, the rest of the arguments
+    rm -rf /tmp/real-request && mkdir -p /tmp/real-request && cp -r src /tmp/real-request/src
+    cp -r "$ROUTER" /tmp/real-request/router  # a later call replaces the tree
+    shift
+    PYTHONPATH=/tmp/real-request/src setsid nohup python3 -m elastic_attention.cli bench request --model "$MODEL" \
+      --router /tmp/real-request/router "$@" --out /tmp/real-request/request.json > /tmp/real-request/request.log \
+      2>&1 < /dev/null &
+    echo $! > /tmp/real-request/pids
+    real_request_wait ;;
+  real-request-wait)
+    real_request_wait ;;
   frontier)
     CONFIG=${CONFIG:-configs/qwen2.5_coder_code.yaml}  # only its elastic settings (the window) are used
     msrs=${FRONTIER_MSRS:-0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8}
@@ -308,5 +334,6 @@ case ${1:-} in
     frontier_wait ;;
   *)
     echo "unknown stage '${1:-}': tests, layer, bench, train, torchrun, pretrain, eval, script, flex-sweep,"\
-      "real-train, real-train-wait, real-eval, real-table, real-table-wait, frontier or frontier-wait"; exit 2 ;;
+      "real-train, real-train-wait, real-eval, real-table, real-table-wait, real-request, real-request-wait,"\
+      "frontier or frontier-wait"; exit 2 ;;
 esac
