@@ -294,9 +294,9 @@ case ${1:-} in
   real-table-wait)
     real_table_wait ;;
   real-request)  # bench request in the background (longer than a call): $MODEL, $ROUTER, the rest of the arguments
-    rm -rf /tmp/real-request && mkdir -p /tmp/real-request && cp -r src /tmp/real-request/src
     [ -f "$ROUTER/router.safetensors" ] || { echo "no router adapter at $ROUTER: set ROUTER (the shipped one:"\
       "src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct)"; exit 2; }
+    rm -rf /tmp/real-request && mkdir -p /tmp/real-request && cp -r src /tmp/real-request/src
     cp -r "$ROUTER" /tmp/real-request/router  # a later call replaces the tree
     shift
     PYTHONPATH=/tmp/real-request/src setsid nohup python3 -m elastic_attention.cli bench request --model "$MODEL" \

@@ -88,6 +88,8 @@ def test_pinned_heads_stay_sparse_under_noise_and_training():
     assert router(pooled)[:, 1:].any()
     with pytest.raises(ValueError, match="one flag per KV head \\(3\\), got shape \\(2,\\)"):
         router.pin_sparse(torch.tensor([True, False]))
+    with pytest.raises(ValueError, match="one flag per KV head \\(3\\), got shape \\(2,\\)"):
+        router.pin_sparse(torch.tensor([False, False]))  # no pins, but still the wrong shape
     with pytest.raises(ValueError, match="standardizing router"):
         AttentionRouter(head_dim=16).pin_sparse(torch.tensor([True]))
 

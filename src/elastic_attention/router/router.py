@@ -98,13 +98,15 @@ class AttentionRouter(nn.Module):
             heads: [Hkv] bool, True for the heads to pin (a standardizing router only: it knows Hkv); ``None`` or no
                 True removes every pin.
         """
-        if heads is None or not bool(torch.as_tensor(heads).any()):
+        heads = None if heads is None else torch.as_tensor(heads, dtype=torch.bool)
+        if heads is not None and self.num_kv_heads is not None and heads.shape != (self.num_kv_heads,):
+            raise ValueError(f"pinning heads needs one flag per KV head ({self.num_kv_heads}), got shape "
+                             f"{tuple(heads.shape)}")
+        if heads is None or not bool(heads.any()):
             self._buffers.pop(PINS, None)
             return
-        heads = torch.as_tensor(heads, dtype=torch.bool)
-        if self.num_kv_heads is None or heads.shape != (self.num_kv_heads,):
-            raise ValueError(f"pinning heads needs a standardizing router (`router_standardize: true`) and one flag "
-                             f"per KV head ({self.num_kv_heads}), got shape {tuple(heads.shape)}")
+        if self.num_kv_heads is None:
+            raise ValueError("pinning heads needs a standardizing router (`router_standardize: true`): it knows Hkv")
         self.register_buffer(PINS, heads.to(self.head_bias.device))
 
     def pinned_heads(self) -> torch.Tensor | None:
