@@ -53,6 +53,10 @@ def test_routing_by_kind_takes_each_kinds_cells_from_its_mode():
     assert found.tasks == pytest.approx({"needle": 1.0, "chain": 1.0, "recent": 1.0})
     assert found.msr == pytest.approx((0.25 + 0.25 + 1.0) / 3) and found.mode == "by kind"
     assert routed_by_kind(rows(), "heads@0.3", "sparse", 16384) is None  # no such mode: a cell is missing
+    unlabelled = [{key: value for key, value in row.items() if key != "kind"} if row["task"] == "recent" else row
+                  for row in rows()]
+    with pytest.raises(ValueError, match="the rows of \\['recent'\\] at 16384 tokens have none"):
+        routed_by_kind(unlabelled, "heads@0.25", "sparse", 16384)
     report = load_script("frontier_report").by_kind_lines(rows(), [16384], ("heads@0.25", "sparse"))
     # the searched set at MSR 0.5 (between heads@0.5 at 102.9% and heads@0.75 at 83.3%): 102.9%
     assert report == ("by task kind (heads@0.25 / sparse) at 16384 tokens: MSR 0.500, mean retention 100.0%; the "

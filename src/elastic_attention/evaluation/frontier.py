@@ -60,8 +60,16 @@ def point(rows: Sequence[dict], mode: str, length: int, tasks: Sequence[str] | N
 def routed_by_kind(rows: Sequence[dict], sensitive_mode: str, robust_mode: str, length: int) -> Point | None:
     """The point of routing by task kind alone, with no router: each sensitive task's cell of ``sensitive_mode``
     (e.g. ``heads@0.5``, a searched set) and each robust task's of ``robust_mode`` (e.g. ``sparse``), as if a router
-    told the kinds apart perfectly and chose nothing else. None when a cell is missing."""
+    told the kinds apart perfectly and chose nothing else. None when a cell is missing.
+
+    Raises:
+        ValueError: a row at ``length`` has no ``kind`` (eval.json files written before rows carried it).
+    """
     kinds = {row["task"]: row.get("kind") for row in rows if row["length"] == length}
+    unknown = sorted(task for task, kind in kinds.items() if kind not in ("sensitive", "robust"))
+    if unknown:
+        raise ValueError(f"routing by kind needs each task's kind (sensitive or robust); the rows of {unknown} at "
+                         f"{length} tokens have none: evaluate them again or add `kind`")
     chosen = [dict(row, mode="by kind") for row in rows if row["length"] == length and row["mode"] == (
         sensitive_mode if kinds[row["task"]] == "sensitive" else robust_mode)]
     return point([*chosen, *(row for row in rows if row["mode"] == "full")], "by kind", length)
