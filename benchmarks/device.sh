@@ -299,7 +299,7 @@ case ${1:-} in
     rm -rf /tmp/real-request && mkdir -p /tmp/real-request && cp -r src /tmp/real-request/src
     cp -r "$ROUTER" /tmp/real-request/router  # a later call replaces the tree
     shift
-    PYTHONPATH=/tmp/real-request/src setsid nohup python3 -m elastic_attention.cli bench request --model "$MODEL" \
+    PYTHONPATH=/tmp/real-request/src${PYTHONPATH:+:$PYTHONPATH} setsid nohup python3 -m elastic_attention.cli bench request --model "$MODEL" \
       --router /tmp/real-request/router "$@" --out /tmp/real-request/request.json > /tmp/real-request/request.log \
       2>&1 < /dev/null &
     echo $! > /tmp/real-request/pids
