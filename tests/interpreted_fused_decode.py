@@ -222,6 +222,40 @@ def test_the_static_cache_baseline_attends_as_the_dense_model():
     assert all(lengths.tolist() == [47] * 4 for lengths in STATIC_ATTENTION.device_lengths())
 
 
+def test_the_static_cache_baseline_skips_each_sequences_left_padding():
+    """`bench request`'s captured dense decode over a left-padded batch (pads of 0 and 13; positions counted from each
+    sequence's first token; end of sequence suppressed): every step's logits equal those of the sequence decoded
+    alone and unpadded by the plain model (oracle: transformers' SDPA over its dynamic cache), 12 greedy steps."""
+    from elastic_attention.bench.decode_graphs import STATIC_ATTENTION, STATIC_ATTENTION_NAME, Stepper, static_copy
+
+    model = tiny_model("llama")
+    model.set_attn_implementation("sdpa")
+    ids, mask, _ = left_padded_batch(seed=4, prompt=41, padding=13, steps=0)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    suppressed = [5]
+    with torch.no_grad():
+        expected = []
+        for row, pad in enumerate((0, 13)):
+            output = model(input_ids=ids[row : row + 1, pad:], use_cache=True)
+            alone = Stepper(model, output.past_key_values, output.logits[:, -1:].argmax(-1), 41 - pad,
+                            suppressed_tokens=suppressed)
+            expected.append(torch.cat([alone() for _ in range(12)]))
+        output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        static = static_copy(model, output.past_key_values, 41, 41 + 20)
+        STATIC_ATTENTION.prepare(static, 41, None, pads=[0, 13])
+        model.set_attn_implementation(STATIC_ATTENTION_NAME)
+        batched = Stepper(model, static, output.logits[:, -1:].argmax(-1), 41, positions=positions[:, -1:] + 1,
+                          suppressed_tokens=suppressed)
+        actual = torch.stack([batched()[:, -1] for _ in range(12)], dim=1)  # [2, steps, vocab]
+    kept = torch.ones(actual.shape[-1], dtype=torch.bool)
+    kept[suppressed] = False  # -inf in both
+    for row in range(2):
+        assert float((actual[row, :, kept] - expected[row][:, -1, kept]).abs().max()) < 1e-5
+    assert all(lengths.tolist() == [53, 53, 40, 40] for lengths in STATIC_ATTENTION.device_lengths())
+    with pytest.raises(InputError, match="pads must give 0 <= pad < 41"):
+        STATIC_ATTENTION.prepare(static, 41, None, pads=[0, 41])
+
+
 def _compiled_static_steps(layers: int, compile_layers: bool, reset: bool = False, group_projections: bool = False,
                            batch: int = 2):
     """(logits [steps, batch, vocab] of 4 static steps of a ``layers``-layer tiny llama, its decoder layers run by

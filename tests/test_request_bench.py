@@ -30,12 +30,12 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
     out = tmp_path / "request_tiny.json"
     assert cli_main(["bench", "request", "--model", str(TINY_BACKBONE), "--router", str(router), "--tasks",
                      "needle_single,local_recall", "--suite", "synthetic", "--lengths", "600", "--batch", "1,3",
-                     "--rows", "2", "--new-tokens", "5", "--device", "cpu", "--dtype", "float32", "--out",
-                     str(out)]) == 0
+                     "--rows", "2", "--new-tokens", "5", "--reference-rows", "2", "--device", "cpu", "--dtype",
+                     "float32", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     rows = result["results"]
     assert result["dense_setups"] == ["sdpa"]  # no FlashAttention-4 and no CUDA graphs on a CPU, each said why
-    assert set(result["dense_setups_missing"]) == {"flash_attention_4", "static_graph"}
+    assert set(result["dense_setups_missing"]) == {"flash_attention_4", "static_cache_compiled", "static_cache_graph"}
     assert [(r["prompt_kind"], r["batch"], r["mode"], r.get("compile_decode")) for r in rows] == [
         (kind, batch, mode, compiled) for batch in (1, 3) for kind in ("sensitive", "robust")
         for mode, compiled in (("dense", None), ("elastic", False), ("elastic", True))]
@@ -46,17 +46,20 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
         assert row["first_call_s"] > 0
         if row["mode"] == "dense":
             assert row["baseline"] == "sdpa" and row["msr"] == 0.0 and row["tokens_equal_reference"] is None
+            assert row["leading_tokens_equal"] == [5] * row["batch"]  # against itself: the first dense setup
             cached = row["prompt_tokens"] + 5 - 1
             assert row["kv_cache_bytes"] == (2 * config["num_hidden_layers"] * config["num_key_value_heads"]
                                              * row["batch"] * cached * head_dim * 4)
         else:
             assert row["baseline"] is None and row["msr"] == pytest.approx(0.5)
             assert row["tokens_equal_reference"] is True  # float32 on the CPU: the same tokens as the reference path
+            assert row["reference_rows_checked"] == min(2, row["batch"])
+            assert row["leading_tokens_equal"] == [5] * row["reference_rows_checked"]
             assert 1.0 <= row["kv_cache_bytes"] / row["kv_cache_bytes_implied"] <= 1.10
             assert row["ttft_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["speedup_ttft_over"] == "sdpa"
     table = out.with_suffix(".md").read_text()
     assert table.count("| sensitive | 600 |") == 6 and "| elastic | router | 0.50 |" in table
-    assert "| elastic | router, compiled | 0.50 |" in table
+    assert "| elastic | router, compiled | 0.50 |" in table and "| true | 5 of 5 |" in table
     lines = load_script("request_bars").main([str(out)])  # the bars script reads what the bench writes
     assert lines[0].endswith("not measured (no cell of dense and elastic rows)")  # no 32K cell
     assert lines[1].endswith("not measured (no cell of dense and elastic rows)")  # no batch-8 cell
@@ -98,10 +101,26 @@ def test_request_bars_judge_the_best_setups_against_the_best_baseline():
     assert lines[5] == "tokens equal the reference path's: missed: sensitive 16K batch 1 (router)"
 
 
+def test_leading_tokens_equal_counts_each_sequences_agreeing_prefix():
+    """Oracle: a per-token walk of each row."""
+    generator = torch.Generator().manual_seed(3)
+    reference = torch.randint(0, 4, (5, 9), generator=generator)
+    tokens = torch.cat([reference, torch.randint(0, 4, (2, 9), generator=generator)])  # 2 more rows, not compared
+    tokens[1, 6], tokens[2, 0], tokens[4, 8] = (tokens[1, 6] + 1) % 4, (tokens[2, 0] + 1) % 4, (tokens[4, 8] + 1) % 4
+    expected = []
+    for row in range(5):
+        count = 0
+        while count < 9 and tokens[row, count] == reference[row, count]:
+            count += 1
+        expected.append(count)
+    assert request.leading_tokens_equal(tokens, reference) == expected == [9, 6, 0, 9, 8]
+
+
 def test_bad_request_arguments_are_refused(capsys):
     for argv, message in ((["--tasks", "passkey"], "--tasks takes SENSITIVE,ROBUST"),
                           (["--new-tokens", "1"], "--new-tokens must be at least 2"),
-                          (["--compile-decode", "yes"], "takes off, on or off,on; got 'yes'")):
+                          (["--compile-decode", "yes"], "takes off, on or off,on; got 'yes'"),
+                          (["--reference-rows", "0"], "--reference-rows must be at least 1, got 0")):
         with pytest.raises(SystemExit):
             request.parse_args(["--model", "m", "--router", "r", "--out", "o.json", *argv])
         assert message in capsys.readouterr().err

@@ -59,6 +59,7 @@ from elastic_attention.bench.model import (
 )
 from elastic_attention.bench.timing import copy_bandwidth, parse_tokens, run_header, timed, write_result
 from elastic_attention.cache.triton_decode import DecodeKernelOptions, DecodeSegments, decode_step
+from elastic_attention.errors import InputError
 from elastic_attention.integration.decode_graph import capture_graph, decode_layers
 from elastic_attention.integration.families import decoder_layers, family_of
 
@@ -72,7 +73,8 @@ class StaticCacheDecodeAttention:
     `cache.triton_decode` over each (sequence, KV head)'s filled entries, lengths on the device.
 
     Registered with transformers' AttentionInterface under ``static_cache_decode``; ``prepare`` points it at a
-    filled cache before the first step (every sequence of the same length).
+    filled cache before the first step (every sequence filled to the same slot; a left-padded sequence's first
+    ``pads[b]`` slots are padding, which the segments start after).
     """
 
     def __init__(self) -> None:
@@ -80,18 +82,25 @@ class StaticCacheDecodeAttention:
         self.capacity = 0
         self.total_entries = 0
         self.options: DecodeKernelOptions | None = None
+        self.pads: torch.Tensor | None = None
 
-    def prepare(self, cache: StaticCache, length: int, options: DecodeKernelOptions | None) -> None:
-        """Address tables over ``cache``'s key/value tensors [B, Hkv, capacity, D], ``length`` entries filled."""
+    def prepare(self, cache: StaticCache, length: int, options: DecodeKernelOptions | None,
+                pads: list[int] | None = None) -> None:
+        """Address tables over ``cache``'s key/value tensors [B, Hkv, capacity, D], slots 0 .. ``length`` - 1
+        filled; sequence b's first ``pads[b]`` slots (left padding; None: none) are left out."""
         self.segments, self.options = {}, options
         for index, layer in enumerate(cache.layers):
             keys, values = layer.keys, layer.values
             batch, num_kv, capacity, _ = keys.shape
+            skip = list(pads) if pads is not None else [0] * batch
+            if len(skip) != batch or not all(0 <= pad < length for pad in skip):
+                raise InputError(f"pads must give 0 <= pad < {length} for each of {batch} sequences, got {pads}")
             rows = [(b, h) for b in range(batch) for h in range(num_kv)]
             self.segments[index] = DecodeSegments.from_columns(
-                [keys[b, h].data_ptr() for b, h in rows], [values[b, h].data_ptr() for b, h in rows],
-                [0] * len(rows), [length] * len(rows), num_kv_heads=num_kv, device=keys.device)
-            self.capacity, self.total_entries = capacity, len(rows) * (length + 1)
+                [keys[b, h, skip[b]].data_ptr() for b, h in rows], [values[b, h, skip[b]].data_ptr() for b, h in rows],
+                [0] * len(rows), [length - skip[b] for b, _ in rows], num_kv_heads=num_kv, device=keys.device)
+            self.capacity, self.total_entries = capacity, sum(length - skip[b] + 1 for b, _ in rows)
+            self.pads = torch.tensor(skip, dtype=torch.long, device=keys.device)
 
     def device_lengths(self) -> list[torch.Tensor]:
         return [segments.lengths for segments in self.segments.values()]
@@ -102,7 +111,7 @@ class StaticCacheDecodeAttention:
         length, which the kernel writes again). Returns ([B, 1, Hq, D], None)."""
         segments = self.segments[module.layer_idx]
         batch = key.shape[0]
-        positions = segments.lengths.view(batch, -1)[:, 0]  # the step's position, per sequence
+        positions = segments.lengths.view(batch, -1)[:, 0] + self.pads  # the step's slot, per sequence
         rows = torch.arange(batch, device=key.device)
         new_keys, new_values = key[rows, :, positions].unsqueeze(2), value[rows, :, positions].unsqueeze(2)
         output = decode_step(query, new_keys, new_values, segments, scaling or query.shape[-1] ** -0.5,
@@ -157,15 +166,22 @@ class Stepper:
         graph_over_static: None, or a `StaticCacheDecodeAttention` whose static cache the steps replay as a
             captured graph (the first step captures).
         compile_layers, group_projections: how that capture runs the decoder layers (`decode_graph.decode_layers`).
+        positions: the first step's position per sequence, [B] or [B, 1] (None: ``length`` for every sequence;
+            left-padded prompts: each sequence's own token count).
+        suppressed_tokens: token ids never chosen (generate's ``min_new_tokens`` suppresses end of sequence so).
     """
 
     def __init__(self, model, cache, token: torch.Tensor, length: int, graph_over_static=None,
-                 compile_layers: bool = False, group_projections: bool = False) -> None:
+                 compile_layers: bool = False, group_projections: bool = False,
+                 positions: torch.Tensor | None = None, suppressed_tokens: list[int] | None = None) -> None:
         self.compile_layers, self.group_projections = compile_layers, group_projections
         self.model, self.cache, self.length = model, cache, length
         batch = token.shape[0]
         self.token = token.clone()
-        self.positions = torch.full((batch, 1), length, dtype=torch.long, device=token.device)
+        # the first step's position per sequence [B, 1] (left padding: each sequence's own length); default ``length``
+        self.positions = (torch.full((batch, 1), length, dtype=torch.long, device=token.device) if positions is None
+                          else positions.clone().view(batch, 1))
+        self.suppressed = suppressed_tokens or []  # never chosen (as generate's min_new_tokens does for EOS)
         self.static = graph_over_static
         self.graph = None
         self.logits = None
@@ -186,6 +202,8 @@ class Stepper:
                     self.graph, self.logits = capture_graph(self._forward, state)
             self.graph.replay()
             logits = self.logits
+        if self.suppressed:
+            logits[:, -1, self.suppressed] = float("-inf")
         self.token.copy_(logits[:, -1].argmax(-1, keepdim=True))
         self.positions.add_(1)
         return logits

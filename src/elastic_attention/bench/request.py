@@ -12,15 +12,21 @@ second call is timed (the first compiles and captures what it needs; its time to
   captured decode steps), once per ``--compile-decode`` setting (``off``: the captured steps run the layers as they
   are; ``on``: compiled, ``attach(compile_decode=True)``; ``compile_decode`` in the row). The first compiled cell's
   ``first_call_s`` holds the compile (a process compiles once; a new batch size may compile again). Its rows also
-  say the routing (``msr``), the
-  bytes the routing implies for the cache (every entry of a full head, sink + window of an SSA head) and whether its
-  tokens equal those of the same model on the reference path (backend ``reference``, the model's own cache, no
-  graphs; the routers decide again from the same prompts).
+  say the routing (``msr``), the bytes the routing implies for the cache (every entry of a full head, sink + window
+  of an SSA head) and whether its tokens equal those of the same model on the reference path (backend
+  ``reference``, the model's own cache, no graphs; the routers decide again from the same prompts; the first
+  ``--reference-rows`` sequences of the batch), with ``leading_tokens_equal``: per checked sequence, how many of the
+  first generated tokens agree.
 - ``dense``: the model without elastic attention: ``sdpa`` (transformers' SDPA and its dynamic cache);
   ``flash_attention_4`` where transformers can turn FlashAttention-4 on (installed, on a GPU; the result's
-  ``dense_setups_missing`` says why not otherwise); on CUDA ``static_graph`` (transformers' static cache with the
-  forward compiled in ``reduce-overhead`` mode: decode steps replayed as CUDA graphs). ``baseline`` names the setup;
-  the fastest of them, per metric, is what the elastic rows compare against (``speedup_*``).
+  ``dense_setups_missing`` says why not otherwise); on CUDA ``static_cache_compiled`` (transformers' static cache,
+  whose decode steps `generate` compiles in ``reduce-overhead`` mode; ``cuda_graphs`` says whether Inductor replayed
+  them as CUDA graphs: it skips them when it sees mutated inputs) and ``static_cache_graph`` (`captured_dense_generate`:
+  the fastest dense prefill here, then each step a captured CUDA graph over transformers' static cache, decoder
+  layers compiled, attention by this project's fused split-K decode kernel over each sequence's unpadded entries:
+  the fastest dense decode we know of). ``baseline`` names the setup; the fastest of them, per metric, is what the
+  elastic rows compare against (``speedup_*``). Each dense row's ``leading_tokens_equal`` compares it with the
+  ``sdpa`` row's tokens: how far two dense implementations agree, the floor for the elastic rows' agreement.
 
   elastic-attention bench request --model /tmp/qwen2.5-coder-1.5b-instruct \\
       --router ROUTER_FOLDER --lengths 16k,32k --batch 1,8 \\
@@ -81,6 +87,10 @@ def implied_cache_bytes(report, lengths: list[int], config, head_dim: int, eleme
     return 2 * total * head_dim * element_size
 
 
+#: The dense setup of `captured_dense_generate`.
+CAPTURED_SETUP = "static_cache_graph"
+
+
 def dense_setups(model, device: torch.device) -> tuple[list[tuple[str, str, dict]], dict[str, str]]:
     """The dense setups that run here, as (name, attention implementation, generate arguments), and why each other
     one does not."""
@@ -93,10 +103,70 @@ def dense_setups(model, device: torch.device) -> tuple[list[tuple[str, str, dict
     finally:
         model.set_attn_implementation("sdpa")
     if device.type == "cuda":
-        setups.append(("static_graph", "sdpa", {"cache_implementation": "static"}))
+        setups.append(("static_cache_compiled", "sdpa", {"cache_implementation": "static"}))
+        setups.append((CAPTURED_SETUP, setups[-2][1], {}))  # prefill: FlashAttention-4 where it runs, else SDPA
     else:
-        missing["static_graph"] = "CUDA graphs need a GPU"
+        missing["static_cache_compiled"] = missing[CAPTURED_SETUP] = "CUDA graphs need a GPU"
     return setups, missing
+
+
+def captured_dense_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int) -> dict:
+    """Greedy decoding without elastic attention at the fastest this project knows (CUDA): one prefill through the
+    model's current attention implementation (left padding masked, positions counted from each sequence's first
+    token), its cache copied into transformers' `StaticCache`, then each step replayed as a captured CUDA graph
+    (decoder layers compiled, batch 1: grouped projections) whose attention is the fused split-K decode kernel over
+    each sequence's unpadded entries (`decode_graphs.StaticCacheDecodeAttention`). End of sequence is never chosen,
+    as in `timed_generate`; timed the same way (a stamp per token after synchronizing) and returns its fields."""
+    from elastic_attention.bench.decode_graphs import STATIC_ATTENTION, STATIC_ATTENTION_NAME, Stepper, static_copy
+    from elastic_attention.bench.timing import TokenClock
+    from elastic_attention.cache import cache_nbytes
+
+    if ids.device.type != "cuda":
+        raise ValueError("captured_dense_generate replays CUDA graphs: it needs a CUDA device")
+    eos = model.generation_config.eos_token_id
+    suppressed = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    batch, length = ids.shape
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    prefill_implementation = model.config._attn_implementation
+    clock = TokenClock(ids.device)
+    torch.cuda.reset_peak_memory_stats(ids.device)
+    clock.start()
+    with torch.no_grad():
+        output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        logits = output.logits[:, -1]
+        logits[:, suppressed] = float("-inf")
+        tokens = [logits.argmax(-1, keepdim=True)]
+        clock(None, None)
+        static = static_copy(model, output.past_key_values, length, length + new_tokens + 8)
+        del output, logits
+        STATIC_ATTENTION.prepare(static, length, None, pads=(mask == 0).sum(1).tolist())
+        model.set_attn_implementation(STATIC_ATTENTION_NAME)
+        try:
+            step = Stepper(model, static, tokens[0], length, graph_over_static=STATIC_ATTENTION, compile_layers=True,
+                           group_projections=batch == 1, positions=positions[:, -1:] + 1, suppressed_tokens=suppressed)
+            for _ in range(new_tokens - 1):
+                step()
+                tokens.append(step.token.clone())
+                clock(None, None)
+        finally:
+            model.set_attn_implementation(prefill_implementation)
+            STATIC_ATTENTION.segments = {}
+    return {**clock.timings(batch), "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device),
+            "kv_cache_bytes": cache_nbytes(static), "tokens": torch.cat(tokens, dim=1).cpu()}
+
+
+def leading_tokens_equal(tokens: torch.Tensor, reference: torch.Tensor) -> list[int]:
+    """Per sequence of ``reference`` [R, T], how many of the first generated tokens ``tokens`` [>= R, T] shares
+    with it (T when all)."""
+    differs = tokens[: reference.shape[0]] != reference
+    return [int(row.nonzero()[0, 0]) if row.any() else row.numel() for row in differs]
+
+
+def cudagraph_skips() -> int:
+    """How many compiled graphs Inductor has run without CUDA graphs in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length: int,
@@ -110,16 +180,17 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
     common = {"prompt_kind": kind, "length": length, "batch": batch, "prompt_tokens": int(mask.sum(1).max())}
     for name, implementation, kwargs in setups:
         model.set_attn_implementation(implementation)
-        original_forward = model.forward
-        if name == "static_graph":
-            model.forward = torch.compile(model.forward, mode="reduce-overhead")
+        skips = cudagraph_skips()
         try:
-            measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, **kwargs)
+            generate = captured_dense_generate if name == CAPTURED_SETUP else timed_generate
+            measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, generate=generate, **kwargs)
         finally:
-            model.forward = original_forward
             model.set_attn_implementation("sdpa")
-        rows.append({**common, "mode": "dense", "baseline": name, "msr": 0.0, **measured})
+        extra = {"cuda_graphs": cudagraph_skips() == skips} if name == "static_cache_compiled" else {}
+        rows.append({**common, "mode": "dense", "baseline": name, "msr": 0.0, **measured, **extra})
     dense = list(rows)
+    for row in dense:
+        row["leading_tokens_equal"] = leading_tokens_equal(row["tokens"], dense[0]["tokens"])
     fastest_first = min(dense, key=lambda r: r["ttft_s"])
     fastest_decode = max(dense, key=lambda r: r["decode_tokens_per_s"])
     config = _adapter_config(model, router)
@@ -142,14 +213,17 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
                 "speedup_decode_over": fastest_decode["baseline"]})
         finally:
             ea.detach(model)
+    checked = min(args.reference_rows or batch, batch)
     ea.attach(model, config, backend="reference", cache="full", cuda_graphs=False)
     ea.load_router(model, router)
     try:
-        reference = timed_generate(model, ids, mask, args.new_tokens, pad_id)
+        reference = timed_generate(model, ids[:checked], mask[:checked], args.new_tokens, pad_id)["tokens"]
     finally:
         ea.detach(model)
     for row in rows[len(dense):]:
-        row["tokens_equal_reference"] = bool(torch.equal(reference["tokens"], row["tokens"]))
+        row["leading_tokens_equal"] = leading_tokens_equal(row["tokens"], reference)
+        row["reference_rows_checked"] = checked
+        row["tokens_equal_reference"] = bool(torch.equal(reference, row["tokens"][:checked]))
     return rows
 
 
@@ -169,15 +243,18 @@ def markdown(result: dict) -> str:
     """The results as one markdown table (a row per prompt kind, length, batch and setup)."""
     lines = [f"Request benchmark, {result['device']}, {result['date']}: `{result['command']}`", "",
              "| prompt kind | length | batch | mode | setup | MSR | TTFT (s) | decode (tok/s) | peak memory (GiB) | "
-             "KV cache (MiB) | tokens = reference | first call (s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "KV cache (MiB) | tokens = reference | tokens agreeing (fewest) | first call (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["results"]:
         peak = "-" if row["peak_memory_bytes"] is None else f"{row['peak_memory_bytes'] / 2**30:.2f}"
         equal = "-" if row["tokens_equal_reference"] is None else str(row["tokens_equal_reference"]).lower()
         setup = row["baseline"] or ("router, compiled" if row["compile_decode"] else "router")
+        agreeing = row.get("leading_tokens_equal")
+        agreeing = "-" if not agreeing else f"{min(agreeing)} of {result['new_tokens']}"
         lines.append(f"| {row['prompt_kind']} | {row['length']} | {row['batch']} | {row['mode']} | "
                      f"{setup} | {row['msr']:.2f} | {row['ttft_s']:.3f} | "
                      f"{row['decode_tokens_per_s']:.1f} | {peak} | {row['kv_cache_bytes'] / 2**20:.1f} | {equal} | "
-                     f"{row['first_call_s']:.2f} |")
+                     f"{agreeing} | {row['first_call_s']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -240,12 +317,17 @@ def parse_args(argv=None):
     parser.add_argument("--compile-decode", type=compile_settings, default=[False, True], metavar="off,on",
                         help="elastic setups: captured decode steps with their layers as they are (off), compiled "
                              "(on), or both (off,on; the default)")
+    parser.add_argument("--reference-rows", type=int, default=None, metavar="N",
+                        help="check the elastic tokens against the reference path on the first N sequences of each "
+                             "batch (default: all; the reference path is slow at long prompts)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if len(args.tasks.split(",")) != 2:
         parser.error(f"--tasks takes SENSITIVE,ROBUST, got {args.tasks!r}")
+    if args.reference_rows is not None and args.reference_rows < 1:
+        parser.error(f"--reference-rows must be at least 1, got {args.reference_rows}")
     if args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2 (a first token and a decode step)")
     return args

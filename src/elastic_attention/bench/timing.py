@@ -133,6 +133,13 @@ class TokenClock:
         self.stamps.append(time.perf_counter() - self.started)
         return scores
 
+    def timings(self, batch: int) -> dict:
+        """``ttft_s`` (the first stamp), ``decode_s`` (first stamp to last) and ``decode_tokens_per_s`` (``batch`` x
+        the tokens after the first, over ``decode_s``)."""
+        decode_s = self.stamps[-1] - self.stamps[0]
+        return {"ttft_s": self.stamps[0], "decode_s": decode_s,
+                "decode_tokens_per_s": batch * (len(self.stamps) - 1) / decode_s if decode_s > 0 else float("nan")}
+
 
 def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int, *,
                    exact: bool = True, **generate_kwargs) -> dict:
@@ -160,12 +167,8 @@ def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
         output = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
                                 min_new_tokens=new_tokens if exact else None, do_sample=False, pad_token_id=pad_id,
                                 logits_processor=[clock], return_dict_in_generate=True, **generate_kwargs)
-    stamps = clock.stamps
-    decode_s = stamps[-1] - stamps[0]
     return {
-        "ttft_s": stamps[0],
-        "decode_s": decode_s,
-        "decode_tokens_per_s": ids.shape[0] * (len(stamps) - 1) / decode_s if decode_s > 0 else float("nan"),
+        **clock.timings(ids.shape[0]),
         "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device) if cuda else None,
         "kv_cache_bytes": cache_nbytes(output.past_key_values),
         "tokens": output.sequences[:, ids.shape[1]:].cpu(),
@@ -173,9 +176,10 @@ def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
 
 
 def warm_then_timed(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int,
-                    **generate_kwargs) -> dict:
-    """The second of two identical `timed_generate` calls, with the first's time from its start to its last token
-    as ``first_call_s`` (the first compiles and captures what the setup needs)."""
-    first = timed_generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
-    measured = timed_generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
+                    generate=timed_generate, **generate_kwargs) -> dict:
+    """The second of two identical ``generate`` calls (`timed_generate`, or a function of its arguments and
+    results), with the first's time from its start to its last token as ``first_call_s`` (the first compiles and
+    captures what the setup needs)."""
+    first = generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
+    measured = generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
     return {**measured, "first_call_s": first["ttft_s"] + first["decode_s"]}
