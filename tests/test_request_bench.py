@@ -116,11 +116,21 @@ def test_leading_tokens_equal_counts_each_sequences_agreeing_prefix():
     assert request.leading_tokens_equal(tokens, reference) == expected == [9, 6, 0, 9, 8]
 
 
+def test_dense_setups_asked_for_run_in_their_order_and_the_rest_say_why_not():
+    setups = [("sdpa", "sdpa", {}), ("flash_attention_4", "flash_attention_4", {}),
+              ("static_cache_graph", "flash_attention_4", {})]
+    chosen, missing = request.chosen_setups(setups, {"static_cache_compiled": "CUDA graphs need a GPU"},
+                                            ["static_cache_graph", "flash_attention_4"])
+    assert [name for name, _, _ in chosen] == ["flash_attention_4", "static_cache_graph"]
+    assert missing == {"static_cache_compiled": "CUDA graphs need a GPU", "sdpa": "not asked for (--dense-setups)"}
+
+
 def test_bad_request_arguments_are_refused(capsys):
     for argv, message in ((["--tasks", "passkey"], "--tasks takes SENSITIVE,ROBUST"),
                           (["--new-tokens", "1"], "--new-tokens must be at least 2"),
                           (["--compile-decode", "yes"], "takes off, on or off,on; got 'yes'"),
-                          (["--reference-rows", "0"], "--reference-rows must be at least 1, got 0")):
+                          (["--reference-rows", "0"], "--reference-rows must be at least 1, got 0"),
+                          (["--dense-setups", "sdpa,fa5"], "--dense-setups takes names among sdpa,flash_attention_4,")):
         with pytest.raises(SystemExit):
             request.parse_args(["--model", "m", "--router", "r", "--out", "o.json", *argv])
         assert message in capsys.readouterr().err

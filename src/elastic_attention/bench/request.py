@@ -24,9 +24,10 @@ second call is timed (the first compiles and captures what it needs; its time to
   them as CUDA graphs: it skips them when it sees mutated inputs) and ``static_cache_graph`` (`captured_dense_generate`:
   the fastest dense prefill here, then each step a captured CUDA graph over transformers' static cache, decoder
   layers compiled, attention by this project's fused split-K decode kernel over each sequence's unpadded entries:
-  the fastest dense decode we know of). ``baseline`` names the setup; the fastest of them, per metric, is what the
-  elastic rows compare against (``speedup_*``). Each dense row's ``leading_tokens_equal`` compares it with the
-  ``sdpa`` row's tokens: how far two dense implementations agree, the floor for the elastic rows' agreement.
+  the fastest dense decode we know of). ``--dense-setups`` leaves some out. ``baseline`` names the setup; the
+  fastest of them, per metric, is what the elastic rows compare against (``speedup_*``). Each dense row's
+  ``leading_tokens_equal`` compares it with the first dense row's tokens: how far two dense implementations agree,
+  the floor for the elastic rows' agreement.
 
   elastic-attention bench request --model /tmp/qwen2.5-coder-1.5b-instruct \\
       --router ROUTER_FOLDER --lengths 16k,32k --batch 1,8 \\
@@ -89,6 +90,8 @@ def implied_cache_bytes(report, lengths: list[int], config, head_dim: int, eleme
 
 #: The dense setup of `captured_dense_generate`.
 CAPTURED_SETUP = "static_cache_graph"
+#: Every dense setup, in the order they run (``--dense-setups`` picks among them).
+DENSE_SETUPS = ("sdpa", "flash_attention_4", "static_cache_compiled", CAPTURED_SETUP)
 
 
 def dense_setups(model, device: torch.device) -> tuple[list[tuple[str, str, dict]], dict[str, str]]:
@@ -108,6 +111,13 @@ def dense_setups(model, device: torch.device) -> tuple[list[tuple[str, str, dict
     else:
         missing["static_cache_compiled"] = missing[CAPTURED_SETUP] = "CUDA graphs need a GPU"
     return setups, missing
+
+
+def chosen_setups(setups: list[tuple[str, str, dict]], missing: dict[str, str], wanted: list[str]):
+    """The setups of ``dense_setups`` named in ``wanted`` (in their running order) and, for each other one, why it
+    did not run."""
+    missing = {**missing, **{name: "not asked for (--dense-setups)" for name, _, _ in setups if name not in wanted}}
+    return [setup for setup in setups if setup[0] in wanted], missing
 
 
 def captured_dense_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int) -> dict:
@@ -272,7 +282,9 @@ def run(args) -> dict:
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sensitive, robust = args.tasks.split(",")
-    setups, missing = dense_setups(model, device)
+    setups, missing = chosen_setups(*dense_setups(model, device), args.dense_setups)
+    if not setups:
+        raise SystemExit(f"none of --dense-setups {','.join(args.dense_setups)} runs here: {missing}")
     result = {**run_header(device), "transformers": transformers.__version__, "model": args.model,
               "router": args.router, "new_tokens": args.new_tokens, "rows_per_kind": args.rows,
               "tasks": {"sensitive": sensitive, "robust": robust}, "dense_setups": [name for name, _, _ in setups],
@@ -317,6 +329,9 @@ def parse_args(argv=None):
     parser.add_argument("--compile-decode", type=compile_settings, default=[False, True], metavar="off,on",
                         help="elastic setups: captured decode steps with their layers as they are (off), compiled "
                              "(on), or both (off,on; the default)")
+    parser.add_argument("--dense-setups", type=lambda text: text.split(","), default=list(DENSE_SETUPS),
+                        metavar="NAME,...", help=f"dense setups to run among {','.join(DENSE_SETUPS)} (default: all "
+                                                 "that run here)")
     parser.add_argument("--reference-rows", type=int, default=None, metavar="N",
                         help="check the elastic tokens against the reference path on the first N sequences of each "
                              "batch (default: all; the reference path is slow at long prompts)")
@@ -326,6 +341,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if len(args.tasks.split(",")) != 2:
         parser.error(f"--tasks takes SENSITIVE,ROBUST, got {args.tasks!r}")
+    unknown = [name for name in args.dense_setups if name not in DENSE_SETUPS]
+    if unknown or not args.dense_setups:
+        parser.error(f"--dense-setups takes names among {','.join(DENSE_SETUPS)}, got {','.join(args.dense_setups)}")
     if args.reference_rows is not None and args.reference_rows < 1:
         parser.error(f"--reference-rows must be at least 1, got {args.reference_rows}")
     if args.new_tokens < 2:
