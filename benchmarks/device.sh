@@ -50,7 +50,9 @@
 #                                                            # with the adapter DIR and ARGS (--lengths 16k,32k
 #                                                            # --batch 1,8 --new-tokens 128 ...) in the background,
 #                                                            # waits like real-request-wait (request.json keeps the
-#                                                            # cells done so far): call that until "finished"
+#                                                            # cells done so far): call that until "finished";
+#                                                            # FlashAttention-4 (dense and elastic) when the
+#                                                            # PYTHONPATH fa4-wheels names is exported
 #
 #   OUT=$OUT bash benchmarks/device.sh frontier              # the model's static frontier, longer than a call: in
 #                                                            # the background the joint greedy head-set search over
