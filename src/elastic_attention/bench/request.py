@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from elastic_attention.bench.timing import parse_tokens, run_header, timed_generate, warm_then_timed, write_result
+from elastic_attention.errors import InputError
 from elastic_attention.io import atomic_write_text
 
 #: The fields of a result row (the issue's names; a results script reads them).
@@ -132,7 +133,7 @@ def captured_dense_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_to
     from elastic_attention.cache import cache_nbytes
 
     if ids.device.type != "cuda":
-        raise ValueError("captured_dense_generate replays CUDA graphs: it needs a CUDA device")
+        raise InputError("captured_dense_generate replays CUDA graphs: give it inputs on a CUDA device")
     eos = model.generation_config.eos_token_id
     suppressed = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     batch, length = ids.shape
@@ -274,8 +275,8 @@ def run(args) -> dict:
     from elastic_attention.evaluation.pipeline import load_backbone
 
     model, tokenizer = load_backbone(args.model, args.device, args.dtype)
-    # the static-graph baseline compiles the model once per (length, batch) and step shape: past dynamo's recompile
-    # limit it would run eagerly and the baseline would be slower than what a user gets
+    # the compiled dense setups compile once per (length, batch) and step shape: past dynamo's recompile limit they
+    # would run eagerly and the baseline would be slower than what a user gets
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
