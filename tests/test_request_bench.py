@@ -82,7 +82,7 @@ def test_request_bars_judge_the_best_setups_against_the_best_baseline():
     the static graph's decode; the best elastic setup per metric)."""
     rows = [
         request_row("robust", 32768, 8, "dense", 3.0, 100.0, "sdpa"),
-        request_row("robust", 32768, 8, "dense", 3.3, 150.0, "static_graph"),
+        request_row("robust", 32768, 8, "dense", 3.3, 150.0, "static_cache_graph"),
         request_row("robust", 32768, 8, "elastic", 2.0, 230.0, "plain"),    # ttft 1.50x, decode 1.53x
         request_row("robust", 32768, 8, "elastic", 2.2, 250.0, "compiled"),  # decode 1.67x: the best
         request_row("robust", 32768, 1, "dense", 1.0, 40.0, "sdpa"),
@@ -94,7 +94,7 @@ def test_request_bars_judge_the_best_setups_against_the_best_baseline():
     assert lines[0].startswith("time to first token >= 1.4x faster, robust prompts at 32K: missed (32K batch 1: "
                                "1.33x (router over sdpa), 32K batch 8: 1.50x (router over sdpa))")
     assert lines[1] == ("decode >= 1.6x faster, robust prompts at batch 8: met (32K batch 8: 1.67x "
-                        "(router, compiled over static_graph))")
+                        "(router, compiled over static_cache_graph))")
     assert lines[2].startswith("time to first token at most 5% slower, sensitive prompts: met (16K batch 1: 0.96x")
     assert lines[3].startswith("decode at most 5% slower, sensitive prompts: met (16K batch 1: 0.97x")
     assert lines[4] == "KV-cache bytes within 10% of what the routing implies: missed (farthest 1.120x)"
