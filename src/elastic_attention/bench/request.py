@@ -24,10 +24,11 @@ second call is timed (the first compiles and captures what it needs; its time to
   them as CUDA graphs: it skips them when it sees mutated inputs) and ``static_cache_graph`` (`captured_dense_generate`:
   the fastest dense prefill here, then each step a captured CUDA graph over transformers' static cache, decoder
   layers compiled, attention by this project's fused split-K decode kernel over each sequence's unpadded entries:
-  the fastest dense decode we know of). ``--dense-setups`` leaves some out. ``baseline`` names the setup; the
-  fastest of them, per metric, is what the elastic rows compare against (``speedup_*``). Each dense row's
-  ``leading_tokens_equal`` compares it with the first dense row's tokens: how far two dense implementations agree,
-  the floor for the elastic rows' agreement.
+  the fastest dense decode we know of; it runs its own loop, without `generate`'s host work between steps, which
+  the elastic rows pay, so its decode rate bounds a dense decode under `generate` from above). ``--dense-setups``
+  leaves some out. ``baseline`` names the setup; the fastest of them, per metric, is what the elastic rows compare
+  against (``speedup_*``). Each dense row's ``leading_tokens_equal`` compares it with the first dense row's tokens:
+  how far two dense implementations agree, the floor for the elastic rows' agreement.
 
   elastic-attention bench request --model /tmp/qwen2.5-coder-1.5b-instruct \\
       --router ROUTER_FOLDER --lengths 16k,32k --batch 1,8 \\
