@@ -8,7 +8,8 @@ bar, the measured values and met / missed:
   reference path's.
 
 Each (prompt kind, length, batch) is judged on its best elastic setup (captured decode steps as they are, or
-compiled) against the best dense setup per metric, both taken from the rows' raw timings; the line names the setups.
+compiled; under `generate` or in the bench's own loop) against the best dense setup per metric, both taken from the
+rows' raw timings; the line names the setups.
 
     python scripts/request_bars.py benchmarks/results/request_qwen2.5-coder-1.5b-instruct.json
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from elastic_attention.bench.request import setup_label
 
 #: (what, prompt kind, length or None for every length, batch or None for every batch, metric, least speedup)
 SPEED_BARS = (
@@ -32,8 +35,6 @@ def _tokens(length: int) -> str:
     return f"{length // 1024}K" if length % 1024 == 0 else str(length)
 
 
-def _setup(row: dict) -> str:
-    return row["baseline"] if row["mode"] == "dense" else ("router, compiled" if row.get("compile_decode") else "router")
 
 
 def speedups(results: list[dict]) -> dict[tuple, dict]:
@@ -52,9 +53,9 @@ def speedups(results: list[dict]) -> dict[tuple, dict]:
         quick_dense = max(dense, key=lambda r: r["decode_tokens_per_s"])
         quick_elastic = max(elastic, key=lambda r: r["decode_tokens_per_s"])
         table[key] = {
-            "ttft": (fast_dense["ttft_s"] / fast_elastic["ttft_s"], _setup(fast_elastic), _setup(fast_dense)),
+            "ttft": (fast_dense["ttft_s"] / fast_elastic["ttft_s"], setup_label(fast_elastic), setup_label(fast_dense)),
             "decode": (quick_elastic["decode_tokens_per_s"] / quick_dense["decode_tokens_per_s"],
-                       _setup(quick_elastic), _setup(quick_dense)),
+                       setup_label(quick_elastic), setup_label(quick_dense)),
         }
     return table
 
@@ -78,7 +79,7 @@ def bars(results: list[dict]) -> list[str]:
         worst = max(ratios, key=lambda ratio: abs(ratio - 1))
         verdict = "met" if all(abs(ratio - 1) <= 0.10 for ratio in ratios) else "missed"
         lines.append(f"KV-cache bytes within 10% of what the routing implies: {verdict} (farthest {worst:.3f}x)")
-        unequal = [f"{row['prompt_kind']} {_tokens(row['length'])} batch {row['batch']} ({_setup(row)})"
+        unequal = [f"{row['prompt_kind']} {_tokens(row['length'])} batch {row['batch']} ({setup_label(row)})"
                    for row in elastic if row["tokens_equal_reference"] is not True]
         lines.append(f"tokens equal the reference path's: {'missed: ' + ', '.join(unequal) if unequal else 'met'}")
     return lines

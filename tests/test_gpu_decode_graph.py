@@ -119,18 +119,24 @@ def test_replayed_steps_of_one_sequence_with_grouped_projections_equal_eager_ste
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_request_benchs_captured_dense_decode_generates_the_tokens_of_generate(batch):
-    """`bench request`'s ``static_cache_graph`` setup (a left-padded batch; one captured CUDA graph a step, decoder
-    layers compiled, batch 1 with grouped projections; the split-K kernel over each sequence's unpadded entries): in
-    float32 its 40 greedy tokens equal transformers' `generate` with SDPA over its dynamic cache."""
-    from elastic_attention.bench.request import captured_dense_generate
+@pytest.mark.parametrize("elastic", [False, True])
+def test_request_benchs_own_loop_generates_the_tokens_of_generate(batch, elastic):
+    """`bench request`'s own decode loop on a left-padded batch, float32: dense (``static_cache_graph``: one captured
+    CUDA graph a step, decoder layers compiled, batch 1 with grouped projections, the split-K kernel over each
+    sequence's unpadded entries) against transformers' `generate` with SDPA over its dynamic cache; elastic
+    (per-sample routers, the bounded cache's captured steps) against `generate` on the same attached model. 40
+    greedy tokens, equal."""
+    from elastic_attention.bench.request import own_loop_generate
     from elastic_attention.bench.timing import timed_generate
 
     model = tiny_model("llama").to("cuda")
     model.set_attn_implementation("sdpa")
+    if elastic:
+        attach(model, CONFIG, backend="reference", compile_decode=True)
+        per_sample_routers(model)
     ids, mask, _ = (part[:batch] for part in left_padded_batch(4, 40, 7, 0, "cuda"))
     expected = timed_generate(model, ids, mask, 40, 0)
-    actual = captured_dense_generate(model, ids, mask, 40, 0)
+    actual = own_loop_generate(model, ids, mask, 40, 0, elastic=elastic)
     assert torch.equal(actual["tokens"], expected["tokens"]) and actual["tokens"].shape == (batch, 40)
     assert actual["ttft_s"] > 0 and actual["decode_tokens_per_s"] > 0
-    assert model.config._attn_implementation == "sdpa"  # put back
+    assert model.config._attn_implementation == "sdpa" or elastic  # put back

@@ -36,9 +36,12 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
     rows = result["results"]
     assert result["dense_setups"] == ["sdpa"]  # no FlashAttention-4 and no CUDA graphs on a CPU, each said why
     assert set(result["dense_setups_missing"]) == {"flash_attention_4", "static_cache_compiled", "static_cache_graph"}
-    assert [(r["prompt_kind"], r["batch"], r["mode"], r.get("compile_decode")) for r in rows] == [
-        (kind, batch, mode, compiled) for batch in (1, 3) for kind in ("sensitive", "robust")
-        for mode, compiled in (("dense", None), ("elastic", False), ("elastic", True))]
+    # elastic under generate (captured steps as they are, compiled), then in the bench's own loop (its tokens equal
+    # the reference path's below, as generate's do)
+    assert [(r["prompt_kind"], r["batch"], r["mode"], r.get("compile_decode"), r["decode_loop"]) for r in rows] == [
+        (kind, batch, *setup) for batch in (1, 3) for kind in ("sensitive", "robust")
+        for setup in (("dense", None, "generate"), ("elastic", False, "generate"), ("elastic", True, "generate"),
+                      ("elastic", True, "own"))]
     config = json.loads((TINY_BACKBONE / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     for row in rows:
@@ -58,7 +61,8 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
             assert 1.0 <= row["kv_cache_bytes"] / row["kv_cache_bytes_implied"] <= 1.10
             assert row["ttft_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["speedup_ttft_over"] == "sdpa"
     table = out.with_suffix(".md").read_text()
-    assert table.count("| sensitive | 600 |") == 6 and "| elastic | router | 0.50 |" in table
+    assert table.count("| sensitive | 600 |") == 8 and "| elastic | router | 0.50 |" in table
+    assert "| elastic | router, compiled, own loop | 0.50 |" in table
     assert "| elastic | router, compiled | 0.50 |" in table and "| true | 5 of 5 |" in table
     lines = load_script("request_bars").main([str(out)])  # the bars script reads what the bench writes
     assert lines[0].endswith("not measured (no cell of dense and elastic rows)")  # no 32K cell

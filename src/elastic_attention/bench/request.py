@@ -2,16 +2,18 @@
 fast does generation go, how much memory does it take, against the fastest dense setup a user would run?
 
 For each prompt kind (``--tasks SENSITIVE,ROBUST`` of a suite, ``--rows`` rows each, cycled to fill a batch,
-left-padded), each ``--lengths`` and each ``--batch``, one greedy `generate` call of ``--new-tokens`` tokens (end of
-sequence suppressed, so every call makes them all) per setup, timed by a logits processor that stamps each token
-(synchronized): ``ttft_s`` is the first stamp (routing, prefill and the first token), ``decode_tokens_per_s`` is batch
+left-padded), each ``--lengths`` and each ``--batch``, one greedy `generate` call (or one run of the bench's own
+loop) of ``--new-tokens`` tokens (end of sequence suppressed, so every call makes them all) per setup, timed by
+stamping each token (synchronized): ``ttft_s`` is the first stamp (routing, prefill and the first token), ``decode_tokens_per_s`` is batch
 x (new tokens - 1) over the time from the first stamp to the last. Each setup runs twice on the same prompts; the
 second call is timed (the first compiles and captures what it needs; its time to its last token is ``first_call_s``).
 
 - ``elastic``: the model with its router attached as `load_router` attaches it (backend ``auto``, the bounded cache,
   captured decode steps), once per ``--compile-decode`` setting (``off``: the captured steps run the layers as they
   are; ``on``: compiled, ``attach(compile_decode=True)``; ``compile_decode`` in the row). The first compiled cell's
-  ``first_call_s`` holds the compile (a process compiles once; a new batch size may compile again). Its rows also
+  ``first_call_s`` holds the compile (a process compiles once; a new batch size may compile again); then once more
+  with the last of those settings in the bench's own decode loop (`own_loop_generate`; ``decode_loop``: ``own``
+  rather than ``generate``), as the ``static_cache_graph`` setup decodes: like for like. Its rows also
   say the routing (``msr``), the bytes the routing implies for the cache (every entry of a full head, sink + window
   of an SSA head) and whether its tokens equal those of the same model on the reference path (backend
   ``reference``, the model's own cache, no graphs; the routers decide again from the same prompts; the first
@@ -21,11 +23,11 @@ second call is timed (the first compiles and captures what it needs; its time to
   ``flash_attention_4`` where transformers can turn FlashAttention-4 on (installed, on a GPU; the result's
   ``dense_setups_missing`` says why not otherwise); on CUDA ``static_cache_compiled`` (transformers' static cache,
   whose decode steps `generate` compiles in ``reduce-overhead`` mode; ``cuda_graphs`` says whether Inductor replayed
-  them as CUDA graphs: it skips them when it sees mutated inputs) and ``static_cache_graph`` (`captured_dense_generate`:
+  them as CUDA graphs: it skips them when it sees mutated inputs) and ``static_cache_graph`` (`own_loop_generate`:
   the fastest dense prefill here, then each step a captured CUDA graph over transformers' static cache, decoder
   layers compiled, attention by this project's fused split-K decode kernel over each sequence's unpadded entries:
-  the fastest dense decode we know of; it runs its own loop, without `generate`'s host work between steps, which
-  the elastic rows pay, so its decode rate bounds a dense decode under `generate` from above). ``--dense-setups``
+  the fastest dense decode we know of; it runs the bench's own loop, without `generate`'s host work between
+  steps, so its decode rate bounds a dense decode under `generate` from above). ``--dense-setups``
   leaves some out. ``baseline`` names the setup; the fastest of them, per metric, is what the elastic rows compare
   against (``speedup_*``). Each dense row's ``leading_tokens_equal`` compares it with the first dense row's tokens:
   how far two dense implementations agree, the floor for the elastic rows' agreement.
@@ -40,6 +42,7 @@ Writes the JSON (rewritten after each cell) and a markdown table beside it (same
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import torch
@@ -90,7 +93,7 @@ def implied_cache_bytes(report, lengths: list[int], config, head_dim: int, eleme
     return 2 * total * head_dim * element_size
 
 
-#: The dense setup of `captured_dense_generate`.
+#: The dense setup of `own_loop_generate` (its own decode loop, captured steps over a static cache).
 CAPTURED_SETUP = "static_cache_graph"
 #: Every dense setup, in the order they run (``--dense-setups`` picks among them).
 DENSE_SETUPS = ("sdpa", "flash_attention_4", "static_cache_compiled", CAPTURED_SETUP)
@@ -122,49 +125,63 @@ def chosen_setups(setups: list[tuple[str, str, dict]], missing: dict[str, str], 
     return [setup for setup in setups if setup[0] in wanted], missing
 
 
-def captured_dense_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int) -> dict:
-    """Greedy decoding without elastic attention at the fastest this project knows (CUDA): one prefill through the
-    model's current attention implementation (left padding masked, positions counted from each sequence's first
-    token), its cache copied into transformers' `StaticCache`, then each step replayed as a captured CUDA graph
-    (decoder layers compiled, batch 1: grouped projections) whose attention is the fused split-K decode kernel over
-    each sequence's unpadded entries (`decode_graphs.StaticCacheDecodeAttention`). End of sequence is never chosen,
-    as in `timed_generate`; timed the same way (a stamp per token after synchronizing) and returns its fields."""
+def own_loop_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int, *,
+                      elastic: bool = False) -> dict:
+    """Greedy decoding in a loop of this module's own, without `generate` around it (none of its host work between
+    steps); timed as `timed_generate` (a stamp per token after synchronizing; end of sequence never chosen) and
+    returning its fields. One prefill (left padding masked, positions counted from each sequence's first token), then:
+
+    - ``elastic`` False (CUDA only): the model without elastic attention; its cache copied into transformers'
+      `StaticCache`; each step replayed as a captured CUDA graph (decoder layers compiled, batch 1: grouped
+      projections) whose attention is the fused split-K decode kernel over each sequence's unpadded entries
+      (`decode_graphs.StaticCacheDecodeAttention`): the fastest dense decode this project knows;
+    - ``elastic`` True: the model as attached, over an `ElasticCache` (steps captured as `attach` set them).
+    """
+    from elastic_attention import ElasticCache
     from elastic_attention.bench.decode_graphs import STATIC_ATTENTION, STATIC_ATTENTION_NAME, Stepper, static_copy
     from elastic_attention.bench.timing import TokenClock
     from elastic_attention.cache import cache_nbytes
 
-    if ids.device.type != "cuda":
-        raise InputError("captured_dense_generate replays CUDA graphs: give it inputs on a CUDA device")
+    if not elastic and ids.device.type != "cuda":
+        raise InputError("the captured dense decode replays CUDA graphs: give it inputs on a CUDA device")
     eos = model.generation_config.eos_token_id
     suppressed = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     batch, length = ids.shape
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     prefill_implementation = model.config._attn_implementation
+    cuda = ids.device.type == "cuda"
     clock = TokenClock(ids.device)
-    torch.cuda.reset_peak_memory_stats(ids.device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(ids.device)
     clock.start()
     with torch.no_grad():
-        output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                       past_key_values=ElasticCache(model) if elastic else None)
         logits = output.logits[:, -1]
         logits[:, suppressed] = float("-inf")
         tokens = [logits.argmax(-1, keepdim=True)]
         clock(None, None)
-        static = static_copy(model, output.past_key_values, length, length + new_tokens + 8)
+        steps = {"positions": positions[:, -1:] + 1, "suppressed_tokens": suppressed}
+        if elastic:
+            cache = output.past_key_values
+        else:
+            cache = static_copy(model, output.past_key_values, length, length + new_tokens + 8)
+            STATIC_ATTENTION.prepare(cache, length, None, pads=(mask == 0).sum(1).tolist())
+            model.set_attn_implementation(STATIC_ATTENTION_NAME)
+            steps.update(graph_over_static=STATIC_ATTENTION, compile_layers=True, group_projections=batch == 1)
         del output, logits
-        STATIC_ATTENTION.prepare(static, length, None, pads=(mask == 0).sum(1).tolist())
-        model.set_attn_implementation(STATIC_ATTENTION_NAME)
         try:
-            step = Stepper(model, static, tokens[0], length, graph_over_static=STATIC_ATTENTION, compile_layers=True,
-                           group_projections=batch == 1, positions=positions[:, -1:] + 1, suppressed_tokens=suppressed)
+            step = Stepper(model, cache, tokens[0], length, **steps)
             for _ in range(new_tokens - 1):
                 step()
                 tokens.append(step.token.clone())
                 clock(None, None)
         finally:
-            model.set_attn_implementation(prefill_implementation)
-            STATIC_ATTENTION.segments = {}
-    return {**clock.timings(batch), "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device),
-            "kv_cache_bytes": cache_nbytes(static), "tokens": torch.cat(tokens, dim=1).cpu()}
+            if not elastic:
+                model.set_attn_implementation(prefill_implementation)
+                STATIC_ATTENTION.segments = {}
+    return {**clock.timings(batch), "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device) if cuda else None,
+            "kv_cache_bytes": cache_nbytes(cache), "tokens": torch.cat(tokens, dim=1).cpu()}
 
 
 def leading_tokens_equal(tokens: torch.Tensor, reference: torch.Tensor) -> list[int]:
@@ -194,31 +211,36 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
         model.set_attn_implementation(implementation)
         skips = cudagraph_skips()
         try:
-            generate = captured_dense_generate if name == CAPTURED_SETUP else timed_generate
+            generate = own_loop_generate if name == CAPTURED_SETUP else timed_generate
             measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, generate=generate, **kwargs)
         finally:
             model.set_attn_implementation("sdpa")
         extra = {"cuda_graphs": cudagraph_skips() == skips} if name == "static_cache_compiled" else {}
-        rows.append({**common, "mode": "dense", "baseline": name, "msr": 0.0, **measured, **extra})
+        rows.append({**common, "mode": "dense", "baseline": name, "msr": 0.0, **measured, **extra,
+                     "decode_loop": "own" if name == CAPTURED_SETUP else "generate"})
     dense = list(rows)
     for row in dense:
         row["leading_tokens_equal"] = leading_tokens_equal(row["tokens"], dense[0]["tokens"])
     fastest_first = min(dense, key=lambda r: r["ttft_s"])
     fastest_decode = max(dense, key=lambda r: r["decode_tokens_per_s"])
     config = _adapter_config(model, router)
-    for compile_decode in args.compile_decode:
+    # under generate once per compile setting, then in the module's own loop (as the static_cache_graph setup)
+    elastic_setups = [(compile_decode, "generate") for compile_decode in args.compile_decode]
+    elastic_setups.append((args.compile_decode[-1], "own"))
+    for compile_decode, loop in elastic_setups:
         ea.attach(model, config, backend=args.backend, compile_decode=compile_decode)
         ea.load_router(model, router)
         try:
             runtime = runtime_of(model)
-            measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id)
+            generate = functools.partial(own_loop_generate, elastic=True) if loop == "own" else timed_generate
+            measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, generate=generate)
             report = ea.routing_report(model)
             lengths = [int(n) + args.new_tokens - 1 for n in mask.sum(1).tolist()]
             element = next(model.parameters()).element_size()
             rows.append({
                 **common, "mode": "elastic", "baseline": None, "msr": float(report.msr.mean()), **measured,
                 "kv_cache_bytes_implied": implied_cache_bytes(report, lengths, config, runtime.head_dim, element),
-                "backend": runtime.backend.name, "compile_decode": compile_decode,
+                "backend": runtime.backend.name, "compile_decode": compile_decode, "decode_loop": loop,
                 "speedup_ttft": fastest_first["ttft_s"] / measured["ttft_s"],
                 "speedup_ttft_over": fastest_first["baseline"],
                 "speedup_decode": measured["decode_tokens_per_s"] / fastest_decode["decode_tokens_per_s"],
@@ -251,6 +273,15 @@ def _adapter_config(model, router: str):
         ea.detach(model)
 
 
+def setup_label(row: dict) -> str:
+    """A row's setup in words: the dense setup's name, or ``router`` with ``, compiled`` and ``, own loop`` as they
+    apply."""
+    if row["mode"] == "dense":
+        return row["baseline"]
+    return ("router" + (", compiled" if row.get("compile_decode") else "")
+            + (", own loop" if row.get("decode_loop") == "own" else ""))
+
+
 def markdown(result: dict) -> str:
     """The results as one markdown table (a row per prompt kind, length, batch and setup)."""
     lines = [f"Request benchmark, {result['device']}, {result['date']}: `{result['command']}`", "",
@@ -260,7 +291,7 @@ def markdown(result: dict) -> str:
     for row in result["results"]:
         peak = "-" if row["peak_memory_bytes"] is None else f"{row['peak_memory_bytes'] / 2**30:.2f}"
         equal = "-" if row["tokens_equal_reference"] is None else str(row["tokens_equal_reference"]).lower()
-        setup = row["baseline"] or ("router, compiled" if row["compile_decode"] else "router")
+        setup = setup_label(row)
         agreeing = row.get("leading_tokens_equal")
         agreeing = "-" if not agreeing else f"{min(agreeing)} of {result['new_tokens']}"
         lines.append(f"| {row['prompt_kind']} | {row['length']} | {row['batch']} | {row['mode']} | "
