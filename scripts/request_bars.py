@@ -35,8 +35,6 @@ def _tokens(length: int) -> str:
     return f"{length // 1024}K" if length % 1024 == 0 else str(length)
 
 
-
-
 def speedups(results: list[dict]) -> dict[tuple, dict]:
     """(prompt kind, length, batch) -> {"ttft": (speedup, elastic setup, dense setup), "decode": (...)}: the best
     elastic setup against the best dense setup, per metric, from the rows' ``ttft_s`` and ``decode_tokens_per_s``."""

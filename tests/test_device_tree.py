@@ -55,7 +55,8 @@ def test_hide_leaves_nothing_to_travel_and_restore_puts_the_checkout_back(repo):
     assert again.returncode == 2 and "already hidden" in again.stdout
     restored = device_tree(repo, "restore")
     assert restored.returncode == 0, restored.stdout + restored.stderr
-    assert (travelling(repo), (repo / ".git" / "info" / "exclude").read_text(), git(repo, "rev-parse", "HEAD")) == before
+    after = (travelling(repo), (repo / ".git" / "info" / "exclude").read_text(), git(repo, "rev-parse", "HEAD"))
+    assert after == before
     assert git(repo, "status", "--porcelain") == "" and device_tree(repo, "status").stdout.strip() == "not hidden"
     assert device_tree(repo, "restore").returncode == 2
 

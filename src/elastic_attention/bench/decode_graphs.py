@@ -88,19 +88,19 @@ class StaticCacheDecodeAttention:
                 pads: list[int] | None = None) -> None:
         """Address tables over ``cache``'s key/value tensors [B, Hkv, capacity, D], slots 0 .. ``length`` - 1
         filled; sequence b's first ``pads[b]`` slots (left padding; None: none) are left out."""
+        batch, num_kv, capacity, _ = cache.layers[0].keys.shape
+        skip = list(pads) if pads is not None else [0] * batch
+        if len(skip) != batch or not all(0 <= pad < length for pad in skip):
+            raise InputError(f"pads must give 0 <= pad < {length} for each of {batch} sequences, got {pads}")
+        rows = [(b, h) for b in range(batch) for h in range(num_kv)]
         self.segments, self.options = {}, options
         for index, layer in enumerate(cache.layers):
             keys, values = layer.keys, layer.values
-            batch, num_kv, capacity, _ = keys.shape
-            skip = list(pads) if pads is not None else [0] * batch
-            if len(skip) != batch or not all(0 <= pad < length for pad in skip):
-                raise InputError(f"pads must give 0 <= pad < {length} for each of {batch} sequences, got {pads}")
-            rows = [(b, h) for b in range(batch) for h in range(num_kv)]
             self.segments[index] = DecodeSegments.from_columns(
                 [keys[b, h, skip[b]].data_ptr() for b, h in rows], [values[b, h, skip[b]].data_ptr() for b, h in rows],
                 [0] * len(rows), [length - skip[b] for b, _ in rows], num_kv_heads=num_kv, device=keys.device)
-            self.capacity, self.total_entries = capacity, sum(length - skip[b] + 1 for b, _ in rows)
-            self.pads = torch.tensor(skip, dtype=torch.long, device=keys.device)
+        self.capacity, self.total_entries = capacity, sum(length - skip[b] + 1 for b, _ in rows)
+        self.pads = torch.tensor(skip, dtype=torch.long, device=cache.layers[0].keys.device)
 
     def device_lengths(self) -> list[torch.Tensor]:
         return [segments.lengths for segments in self.segments.values()]

@@ -4,8 +4,8 @@ fast does generation go, how much memory does it take, against the fastest dense
 For each prompt kind (``--tasks SENSITIVE,ROBUST`` of a suite, ``--rows`` rows each, cycled to fill a batch,
 left-padded), each ``--lengths`` and each ``--batch``, one greedy `generate` call (or one run of the bench's own
 loop) of ``--new-tokens`` tokens (end of sequence suppressed, so every call makes them all) per setup, timed by
-stamping each token (synchronized): ``ttft_s`` is the first stamp (routing, prefill and the first token), ``decode_tokens_per_s`` is batch
-x (new tokens - 1) over the time from the first stamp to the last. Each setup runs twice on the same prompts; the
+stamping each token (synchronized): ``ttft_s`` is the first stamp (routing, prefill and the first token),
+``decode_tokens_per_s`` is batch x (new tokens - 1) over the time from the first stamp to the last. Each setup runs twice on the same prompts; the
 second call is timed (the first compiles and captures what it needs; its time to its last token is ``first_call_s``).
 
 - ``elastic``: the model with its router attached as `load_router` attaches it (backend ``auto``, the bounded cache,
@@ -135,9 +135,9 @@ def own_loop_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: 
       `StaticCache`; each step replayed as a captured CUDA graph (decoder layers compiled, batch 1: grouped
       projections) whose attention is the fused split-K decode kernel over each sequence's unpadded entries
       (`decode_graphs.StaticCacheDecodeAttention`): the fastest dense decode this project knows;
-    - ``elastic`` True: the model as attached, over an `ElasticCache` (steps captured as `attach` set them).
+    - ``elastic`` True: the model as attached, over the cache its prefill gets (`attach`'s ``cache``: an
+      `ElasticCache` by default, whose steps are captured as `attach` set them).
     """
-    from elastic_attention import ElasticCache
     from elastic_attention.bench.decode_graphs import STATIC_ATTENTION, STATIC_ATTENTION_NAME, Stepper, static_copy
     from elastic_attention.bench.timing import TokenClock
     from elastic_attention.cache import cache_nbytes
@@ -155,8 +155,7 @@ def own_loop_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: 
         torch.cuda.reset_peak_memory_stats(ids.device)
     clock.start()
     with torch.no_grad():
-        output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-                       past_key_values=ElasticCache(model) if elastic else None)
+        output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         logits = output.logits[:, -1]
         logits[:, suppressed] = float("-inf")
         tokens = [logits.argmax(-1, keepdim=True)]
