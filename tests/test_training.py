@@ -324,6 +324,53 @@ def test_heads_outside_the_set_stay_sparse_through_training(tmp_path, random_sui
             assert not decisions[:, outside].any()
 
 
+def test_a_run_starts_from_an_earlier_runs_adapter(tmp_path, random_suite_backbone):
+    """Oracle: the adapter file itself: before its first step, a run with ``initial_router`` holds exactly the
+    adapter's tensors (weights, input statistics, pins; no calibration over them), and it trains from there."""
+    from elastic_attention.adapters import router_state_dict
+
+    heads = write_head_sets(tmp_path / "search.json", {0.5: [[True, False], [False, True]]})
+    first = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "first", elastic=STANDARDIZING["elastic"],
+                                               steps=2, initial_full_probability=0.8, initial_full_heads=str(heads),
+                                               sparse_outside_initial_heads=True))
+    trainer = RouterTrainer(first, progress=False)
+    trainer.setup()
+    trainer.finish(trainer.train())
+    adapter = routers(tmp_path / "first")
+    assert any("pinned_sparse" in name for name in adapter)
+    second = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "second",
+                                                elastic=STANDARDIZING["elastic"], steps=1,
+                                                initial_router=str(tmp_path / "first" / "router")))
+    trainer = RouterTrainer(second, progress=False)
+    trainer.setup()
+    started = router_state_dict(trainer.model)
+    assert started.keys() == adapter.keys()
+    for name, tensor in adapter.items():
+        assert torch.equal(started[name].float(), tensor.float()), name
+    trainer.finish(trainer.train())
+    assert routers(tmp_path / "second").keys() == adapter.keys()
+
+
+def test_initial_router_errors_name_the_fix(tmp_path, random_suite_backbone):
+    from transformers import AutoModelForCausalLM
+
+    import elastic_attention as ea
+
+    model = AutoModelForCausalLM.from_pretrained(random_suite_backbone)
+    ea.attach(model, ea.ElasticConfig(**STANDARDIZING["elastic"]))
+    ea.save_router(model, tmp_path / "adapter")
+    elastic = STANDARDIZING["elastic"]
+    with pytest.raises(ConfigError, match="`initial_router`: no router.safetensors in .*missing.*save_router"):
+        TrainConfig(model="m", elastic=elastic, initial_router=str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="`initial_router` starts the routers from an adapter.*set one of them"):
+        TrainConfig(model="m", elastic=elastic, initial_router=str(tmp_path / "adapter"), initial_full_probability=0.9)
+    with pytest.raises(ConfigError, match="trained with local_tokens=64 \\(here 96\\).*set `elastic` to the adapter.s"):
+        TrainConfig(model="m", elastic={**elastic, "local_tokens": 96}, initial_router=str(tmp_path / "adapter"))
+    (tmp_path / "adapter" / "elastic_config.json").write_text("{")
+    with pytest.raises(ConfigError, match="`initial_router`: .*elastic_config.json is not JSON"):
+        TrainConfig(model="m", elastic=elastic, initial_router=str(tmp_path / "adapter"))
+
+
 def write_config(tmp_path, backbone, name, **extra):
     config = {
         "model": str(backbone),

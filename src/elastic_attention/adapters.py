@@ -193,10 +193,22 @@ def _differences(attached: ElasticConfig, adapter: ElasticConfig, fields: tuple[
     return differences
 
 
-def _read_adapter(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str, torch.Tensor]]:
-    config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
+def read_adapter_config(path: str | Path) -> ElasticConfig:
+    """The `ElasticConfig` the routers of the adapter folder ``path`` were trained with (its elastic_config.json).
+
+    Raises:
+        AdapterMismatchError: the file is missing, damaged, of another format version or holds no valid config.
+    """
+    return _adapter_document(Path(path))[1]
+
+
+def _adapter_document(path: Path) -> tuple[dict, ElasticConfig]:
+    """(the adapter folder's elastic_config.json, its ElasticConfig), both checked."""
+    config_path = path / CONFIG_FILE
     try:
         document = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise AdapterMismatchError(f"no {CONFIG_FILE} in {path}: give the folder save_router wrote") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise AdapterMismatchError(f"{config_path} is not JSON ({error}); the adapter folder is damaged") from None
     if not isinstance(document, dict) or "elastic_config" not in document:
@@ -207,6 +219,15 @@ def _read_adapter(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str
             f"adapter format_version {version!r} at {path} is not supported (this release reads "
             f"{ADAPTER_FORMAT_VERSION})"
         )
+    try:
+        return document, ElasticConfig.from_dict(document["elastic_config"])
+    except (ConfigError, TypeError) as error:
+        raise AdapterMismatchError(f"{config_path}: its `elastic_config` is not valid ({error})") from None
+
+
+def _read_adapter(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str, torch.Tensor]]:
+    config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
+    document, config = _adapter_document(path)
     saved, actual = document.get("model", {}), model_signature(model)
     for field, expected in actual.items():
         if saved.get(field) != expected:
@@ -214,10 +235,6 @@ def _read_adapter(model: nn.Module, path: Path) -> tuple[ElasticConfig, dict[str
                 f"adapter at {path} was saved for {field}={saved.get(field)!r}, but this model has "
                 f"{field}={expected!r}"
             )
-    try:
-        config = ElasticConfig.from_dict(document["elastic_config"])
-    except (ConfigError, TypeError) as error:
-        raise AdapterMismatchError(f"{config_path}: its `elastic_config` is not valid ({error})") from None
     if not weights_path.is_file():
         raise AdapterMismatchError(f"adapter folder {path} has no {WEIGHTS_FILE}")
     expected = document.get("weights_sha256")

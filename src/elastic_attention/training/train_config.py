@@ -9,8 +9,11 @@ from typing import Any
 
 import torch
 
+from elastic_attention.adapters import CONFIG_FILE as ADAPTER_CONFIG
+from elastic_attention.adapters import WEIGHTS_FILE as ADAPTER_WEIGHTS
+from elastic_attention.adapters import read_adapter_config
 from elastic_attention.config import ElasticConfig
-from elastic_attention.errors import ConfigError
+from elastic_attention.errors import AdapterMismatchError, ConfigError
 from elastic_attention.head_sets import load_head_set
 from elastic_attention.router.temperature import TemperatureSchedule
 from elastic_attention.training.config_io import (
@@ -117,6 +120,11 @@ class TrainConfig:
             every input (`AttentionRouter.pin_sparse`; the adapter keeps the pins): the routers choose per input
             only among the set's heads, so an input that needs them keeps at most the searched set and one that
             does not can drop all of it.
+        initial_router: a router adapter folder (`save_router`'s, e.g. a finished run's ``router/``) to start from:
+            its weights, input statistics and pins replace the routers' initialization (no calibration), so a run
+            can continue where an earlier one's adapter left off. The optimizer's state and the objective's
+            multipliers start afresh (a checkpoint keeps them: ``--resume``). The adapter must have been trained
+            with this run's ``elastic`` settings. Not with ``initial_full_probability`` or ``initial_full_heads``.
         checkpoint_every: steps between checkpoints (0: only at the end).
         seed: initialisation and Gumbel-noise seed.
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
@@ -151,6 +159,7 @@ class TrainConfig:
     initial_full_heads: str | None = None
     initial_full_heads_msr: float | None = None
     sparse_outside_initial_heads: bool = False
+    initial_router: str | None = None
     checkpoint_every: int = 0
     seed: int = 0
     device: str = "auto"
@@ -225,6 +234,29 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown `elastic` keys {unknown}; known: {sorted(known)}")
         ElasticConfig(**self.elastic)
+        if self.initial_router is not None:
+            if self.initial_full_probability is not None or self.initial_full_heads is not None:
+                raise ConfigError("`initial_router` starts the routers from an adapter, `initial_full_probability` and "
+                                  "`initial_full_heads` from a bias: set one of them (null the others)")
+            self._check_initial_router()
+
+    def _check_initial_router(self) -> None:
+        """The adapter of ``initial_router`` exists and was trained with this run's ``elastic`` settings."""
+        folder = Path(self.initial_router)
+        if not (folder / ADAPTER_WEIGHTS).is_file():
+            raise ConfigError(f"`initial_router`: no {ADAPTER_WEIGHTS} in {folder}; give the folder save_router "
+                              "wrote (a finished run's router/)")
+        try:
+            trained = read_adapter_config(folder)
+        except AdapterMismatchError as error:
+            raise ConfigError(f"`initial_router`: {error}") from None
+        wanted = ElasticConfig(**self.elastic)
+        differences = [f"{name}={getattr(trained, name)!r} (here {getattr(wanted, name)!r})"
+                       for name in (f.name for f in dataclasses.fields(ElasticConfig))
+                       if getattr(trained, name) != getattr(wanted, name)]
+        if differences:
+            raise ConfigError(f"`initial_router` was trained with {', '.join(differences)}: set `elastic` to the "
+                              f"adapter's settings ({folder / ADAPTER_CONFIG})")
 
     def _check_per_task_settings(self) -> None:
         if not isinstance(self.targets, dict) or not isinstance(self.bounds, dict):

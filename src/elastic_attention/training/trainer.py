@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from elastic_attention.adapters import router_state_dict, save_router
+from elastic_attention.adapters import load_router, router_state_dict, save_router
 from elastic_attention.errors import ConfigError
 from elastic_attention.integration import attach, is_attached, routers_of, routing_report, runtime_of
 from elastic_attention.integration.runtime import NOISE_SEED_KWARG, PROMPT_LENGTHS_KWARG
@@ -85,6 +85,8 @@ class RouterTrainer:
         routers = routers_of(model)
         for router in routers.values():
             router.float()
+        if config.initial_router is not None:  # before sharding; a resumed run's checkpoint replaces it
+            load_router(model, config.initial_router)  # its elastic settings are this run's (TrainConfig checks)
         if config.initial_full_probability is not None:  # before sharding; a resumed run's checkpoint replaces it
             self._set_initial_routing([routers[index] for index in sorted(routers)])
         if config.gradient_checkpointing:
@@ -113,8 +115,8 @@ class RouterTrainer:
             self.teacher_cache = TeacherCache()
             self.lm_loss = functools.partial(distillation_token_losses, teacher_cache=self.teacher_cache)
         restored = self._restore() if resume else False
-        if config.elastic_config.router_standardize and not restored:
-            self._calibrate_routers()
+        if config.elastic_config.router_standardize and not restored and config.initial_router is None:
+            self._calibrate_routers()  # an initial adapter brings the statistics its weights were trained on
         for router in routers_of(model).values():
             router.margin_limit = config.margin_limit
 
