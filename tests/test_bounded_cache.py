@@ -291,3 +291,26 @@ def test_repeating_the_cache_repeats_each_samples_routing():
             assert torch.equal(z, routed[layer].repeat_interleave(2, dim=0))
         repeated = decode(cache, token.repeat_interleave(2, dim=0), mask.repeat_interleave(2, dim=0))
     torch.testing.assert_close(repeated, expected.repeat_interleave(2, dim=0), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sequences, kv_heads", [(1, 2), (3, 5), (4, 1)])
+def test_head_split_lists_each_sequences_full_and_streaming_heads_in_order(sequences, kv_heads):
+    """Oracle: a per-head loop over the routing; also after the batch is reordered, and with no routing given."""
+    model = attached()
+    cache = ElasticCache(model)
+    streaming = torch.rand(sequences, kv_heads, generator=torch.Generator().manual_seed(kv_heads)) < 0.5
+    cache.route_layer(0, streaming)
+
+    def expected(row):
+        return ([h for h in range(kv_heads) if not row[h]], [h for h in range(kv_heads) if row[h]])
+
+    for n in range(sequences):
+        full, ring = cache.head_split(0, n, kv_heads, torch.device("cpu"))
+        assert (full.tolist(), ring.tolist()) == expected(streaming[n].tolist())
+    order = torch.arange(sequences).flip(0)
+    cache._select(order)
+    for n in range(sequences):
+        full, ring = cache.head_split(0, n, kv_heads, torch.device("cpu"))
+        assert (full.tolist(), ring.tolist()) == expected(streaming[order[n]].tolist())
+    full, ring = cache.head_split(1, 0, kv_heads, torch.device("cpu"))
+    assert (full.tolist(), ring.tolist()) == (list(range(kv_heads)), [])

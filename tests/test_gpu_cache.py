@@ -64,3 +64,41 @@ def test_streaming_suffix_attention_on_the_gpu_matches_float64(count, local):
     actual = streaming_suffix_attention(*(t.to("cuda", torch.bfloat16) for t in inputs), local_tokens=local,
                                         scale=128**-0.5)
     assert float((actual.double().cpu() - expected).abs().max()) < 2e-2
+
+
+def prefill_synchronizations(layers: int) -> dict[str, int]:
+    """(file:line) -> host-device synchronizations that elastic attention's cache and integration code made in one
+    prefill of a left-padded batch of 2 into a bounded cache (`torch.cuda.set_sync_debug_mode`)."""
+    import collections
+    import warnings
+
+    model = tiny_model("qwen2", layers=layers).to("cuda")
+    attach(model, CONFIG, backend="reference")
+    ids, mask, _ = left_padded_batch(0, 40, 7, 1, "cuda")
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    counts = collections.Counter()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=ElasticCache(model))
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=ElasticCache(model))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    for warning in caught:
+        where = warning.filename.replace("\\", "/")
+        if "synchroniz" in str(warning.message) and ("elastic_attention/cache/" in where
+                                                      or "elastic_attention/integration/" in where):
+            counts[f"{where.split('elastic_attention/')[-1]}:{warning.lineno}"] += 1
+    return dict(counts)
+
+
+def test_a_prefill_into_the_bounded_cache_never_waits_for_the_gpu_per_layer():
+    """Oracle: the count itself. The cache copies each layer's routing to the host without waiting and builds its
+    stores after the layer's attention is launched, so the cache makes no synchronizing call and the integration's
+    calls do not grow with the number of layers (a wait per layer leaves the GPU idle while the host launches)."""
+    two, six = prefill_synchronizations(2), prefill_synchronizations(6)
+    assert not [where for where in six if where.startswith("cache/")], six
+    assert sum(six.values()) == sum(two.values()), (two, six)

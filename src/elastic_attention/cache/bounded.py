@@ -5,7 +5,10 @@ Heads on full attention (and XA, which attends every key after the prompt) keep 
 `patterns.tokens` lets their later queries see. The rest is never stored, so the memory is released, not masked.
 
 The cache takes its routing explicitly from the runtime that drives it: the layout of each forward
-(`ElasticCache.begin_forward`) and, at a prefill, each layer's streaming heads per sequence (`route_layer`).
+(`ElasticCache.begin_forward`) and, at a prefill, each layer's streaming heads per sequence (`route_layer`). A
+prefill's stores are sized from that routing, so they are built after the layer's attention is launched
+(`ElasticCacheLayer.commit`) from a host copy made without waiting: the host waits for that copy alone, while the
+GPU runs the layer's attention, never for the attention itself.
 
 Storage is per sequence (one sequence per batch row), so every sample keeps its own routing:
   full store: keys/values [F, capacity, D] for its F retained heads, entries in position order;
@@ -81,7 +84,11 @@ class ElasticCache(Cache):
         self.runtime = runtime
         self.window = StreamingWindow(runtime.config.sink_tokens, runtime.config.local_tokens)
         self.layout: SequenceLayout | None = None
+        #: Per layer, a prefill's routing ([N, Hkv] bool, True = streaming head): on the host (copied without
+        #: waiting, `_routing_copied` says when it has landed) and on the model's device.
         self._streaming: dict[int, torch.Tensor] = {}
+        self._streaming_on_device: dict[int, torch.Tensor] = {}
+        self._routing_copied: dict[int, torch.cuda.Event] = {}
         self.max_length = max_length
         #: The model's attention-logit soft-cap (None: none), whether it has attention sinks, and its sliding window
         #: on every layer (None: none): with any of them every step runs in torch (`token_attention`), never fused.
@@ -116,13 +123,45 @@ class ElasticCache(Cache):
 
     def route_layer(self, layer_index: int, streaming: torch.Tensor) -> None:
         """A prefill's routing of one layer: ``streaming`` [N, Hkv] bool, True for the KV heads of each sequence
-        that keep only their sink and window (SSA); the other heads keep every entry."""
-        self._streaming[layer_index] = streaming.detach().to("cpu", torch.bool)
+        that keep only their sink and window (SSA); the other heads keep every entry.
+
+        On a GPU the host copy is made without waiting (pinned memory, an event marks its arrival), so the host
+        goes on launching the layer's attention; `head_split` waits for the copy alone, not for that attention."""
+        streaming = streaming.detach().to(torch.bool)
+        self._streaming_on_device[layer_index] = streaming
+        if streaming.device.type == "cuda":
+            host = torch.empty(streaming.shape, dtype=torch.bool, pin_memory=True)
+            host.copy_(streaming, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(streaming.device))
+            self._routing_copied[layer_index] = copied
+        else:
+            host = streaming.to("cpu", copy=True)
+        self._streaming[layer_index] = host
 
     def streaming_heads(self, layer_index: int, sequence: int, num_kv_heads: int) -> torch.Tensor:
         """[Hkv] bool (CPU): the routing of ``sequence`` in ``layer_index``; no streaming head when none was given."""
         streaming = self._streaming.get(layer_index)
-        return torch.zeros(num_kv_heads, dtype=torch.bool) if streaming is None else streaming[sequence]
+        if streaming is None:
+            return torch.zeros(num_kv_heads, dtype=torch.bool)
+        copied = self._routing_copied.pop(layer_index, None)
+        if copied is not None:
+            copied.synchronize()
+        return streaming[sequence]
+
+    def head_split(self, layer_index: int, sequence: int, num_kv_heads: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """([F], [P]) int64 on ``device``: the KV heads of ``sequence`` in ``layer_index`` that keep every entry and
+        those that stream, each in head order. Built on the device from the routing there; only the count F comes
+        from the host copy, so nothing waits for work launched after the routing."""
+        streaming = self.streaming_heads(layer_index, sequence, num_kv_heads)
+        on_device = self._streaming_on_device.get(layer_index)
+        if on_device is None:
+            heads = torch.arange(num_kv_heads, device=device)
+            return heads, heads[:0]
+        full = int((~streaming).sum())
+        order = torch.sort(on_device[sequence].to(torch.uint8), stable=True).indices.to(device)  # full heads first
+        return order[:full], order[full:]
 
     # -- static mode -----------------------------------------------------------------------------------------------
 
@@ -180,9 +219,14 @@ class ElasticCache(Cache):
         super().reset()
 
     def _select(self, index: torch.Tensor) -> None:
-        index = index.to("cpu")
-        self._streaming = {layer: streaming.index_select(0, index) for layer, streaming in self._streaming.items()}
-        self.runtime.select_sequences(index)
+        for copied in self._routing_copied.values():
+            copied.synchronize()
+        self._routing_copied = {}
+        self._streaming = {layer: streaming.index_select(0, index.to("cpu"))
+                           for layer, streaming in self._streaming.items()}
+        self._streaming_on_device = {layer: streaming.index_select(0, index.to(streaming.device))
+                                     for layer, streaming in self._streaming_on_device.items()}
+        self.runtime.select_sequences(index.to("cpu"))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.end_static()

@@ -61,6 +61,9 @@ class ElasticCacheLayer(CacheLayerMixin):
         self.sequences: list[SequenceStore] = []
         self.physical_length = 0
         self._staged: list[StagedEntries | None] = []
+        #: A prefill's keys and values [B, Hkv, S, D] and layout, stored at `commit` (after the layer's attention is
+        #: launched: the stores need the routing on the host); None otherwise.
+        self._prefill: tuple[torch.Tensor, torch.Tensor, object] | None = None
         #: Storage addresses for the fused decode step (None: rebuild before the next one).
         self._segments: DecodeSegments | None = None
         #: A fused decode step's new keys and values [B, Hkv, 1, D], between `update` and `attend`.
@@ -90,6 +93,12 @@ class ElasticCacheLayer(CacheLayerMixin):
                 raise InputError("a static decode step takes one new token per sequence, every batch row kept")
             self._pending = (key_states, value_states)
             return key_states, value_states
+        spans = layout.spans()
+        for span in spans:
+            self._check_limit(span.key_len)
+        if not self.sequences and layout.is_prefill:
+            self._prefill = (key_states, value_states, layout)  # stored by `commit`, after the attention's launch
+            return key_states, value_states
         if not self.sequences:
             self.sequences = [self._new_store(n, key_states) for n in range(layout.num_sequences)]
         elif len(self.sequences) != layout.num_sequences:
@@ -97,9 +106,6 @@ class ElasticCacheLayer(CacheLayerMixin):
                 f"the cache holds {len(self.sequences)} sequences but this step has {layout.num_sequences}; "
                 "keep the batch rows from prefill to the last step"
             )
-        spans = layout.spans()
-        for span in spans:
-            self._check_limit(span.key_len)
         if self._is_fused_decode_step(layout, key_states):
             self._reserve_step()
             self._pending = (key_states, value_states)
@@ -107,6 +113,11 @@ class ElasticCacheLayer(CacheLayerMixin):
                 store.length += 1
             self.physical_length += 1
             return key_states, value_states
+        self._store(key_states, value_states, spans)
+        return key_states, value_states
+
+    def _store(self, key_states: torch.Tensor, value_states: torch.Tensor, spans) -> None:
+        """Append a forward's new entries to each sequence's full heads and stage its streaming heads' entries."""
         self._segments = None
         for store, span in zip(self.sequences, spans):
             count = span.query_count
@@ -116,7 +127,6 @@ class ElasticCacheLayer(CacheLayerMixin):
             self._staged.append(StagedEntries(new_keys[store.ring_heads], new_values[store.ring_heads], store.length))
             store.length += count
         self.physical_length += key_states.shape[2]
-        return key_states, value_states
 
     def _check_limit(self, length: int) -> None:
         limit = self.cache.max_length
@@ -138,7 +148,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         return -1 if self.cache.max_length is None else self.cache.max_length
 
     def reset(self) -> None:
-        self.sequences, self._staged, self.physical_length = [], [], 0
+        self.sequences, self._staged, self.physical_length, self._prefill = [], [], 0, None
         self._segments, self._pending, self._static = None, None, None
         self.is_initialized = False
 
@@ -378,7 +388,13 @@ class ElasticCacheLayer(CacheLayerMixin):
                            options=self.cache.kernel_options)
 
     def commit(self) -> None:
-        """Write the staged entries of the streaming heads into their rings (sink slots and the window)."""
+        """Store a prefill's entries (its stores built from the routing), then write the staged entries of the
+        streaming heads into their rings (sink slots and the window)."""
+        if self._prefill is not None:
+            key_states, value_states, layout = self._prefill
+            self._prefill = None
+            self.sequences = [self._new_store(n, key_states) for n in range(layout.num_sequences)]
+            self._store(key_states, value_states, layout.spans())
         if self._pending is not None:
             self._write_pending()
         for store, staged in zip(self.sequences, self._staged):
@@ -421,8 +437,7 @@ class ElasticCacheLayer(CacheLayerMixin):
 
     def _new_store(self, sequence: int, key_states: torch.Tensor) -> SequenceStore:
         num_kv, head_dim = key_states.shape[1], key_states.shape[3]
-        streaming = self.cache.streaming_heads(self.layer_index, sequence, num_kv).to(key_states.device)
-        full_heads, ring_heads = (~streaming).nonzero().flatten(), streaming.nonzero().flatten()
+        full_heads, ring_heads = self.cache.head_split(self.layer_index, sequence, num_kv, key_states.device)
         new = lambda heads: key_states.new_zeros(heads.numel(), 0, head_dim)  # noqa: E731
         return SequenceStore(
             full_heads=full_heads,
