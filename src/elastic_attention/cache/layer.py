@@ -36,6 +36,7 @@ from elastic_attention.errors import InputError
 
 if TYPE_CHECKING:
     from elastic_attention.cache.bounded import ElasticCache
+    from elastic_attention.patterns import SequenceLayout
 
 
 class ElasticCacheLayer(CacheLayerMixin):
@@ -63,7 +64,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         self._staged: list[StagedEntries | None] = []
         #: A prefill's keys and values [B, Hkv, S, D] and layout, stored at `commit` (after the layer's attention is
         #: launched: the stores need the routing on the host); None otherwise.
-        self._prefill: tuple[torch.Tensor, torch.Tensor, object] | None = None
+        self._prefill: tuple[torch.Tensor, torch.Tensor, SequenceLayout] | None = None
         #: Storage addresses for the fused decode step (None: rebuild before the next one).
         self._segments: DecodeSegments | None = None
         #: A fused decode step's new keys and values [B, Hkv, 1, D], between `update` and `attend`.
@@ -81,7 +82,8 @@ class ElasticCacheLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Store a step's new entries ([B, Hkv, S_new, D]); returns them unchanged (a prefill attends them)."""
+        """Store a step's new entries ([B, Hkv, S_new, D]; a prefill's at `commit`); returns them unchanged (a
+        prefill attends them)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.commit()
