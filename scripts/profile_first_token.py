@@ -70,7 +70,7 @@ def kernel_report(call, device: torch.device, seconds: float, top: int) -> list[
     counts: collections.Counter = collections.Counter()
     for event in profiler.events():
         if cuda and event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] += event.device_time_total / 1e6  # microseconds -> seconds
+            totals[event.name] += event.time_range.elapsed_us() / 1e6
             counts[event.name] += 1
         elif not cuda and event.device_type == torch.autograd.DeviceType.CPU:
             totals[event.name] += event.self_cpu_time_total / 1e6
