@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import elastic_attention as ea
-from elastic_attention.bench.request import dense_setups, left_padded, prompt_batches
+from elastic_attention.bench.request import dense_setups, left_padded, prompt_batches, prompt_positions
 from elastic_attention.bench.timing import timed
 from elastic_attention.cli import parse_length
 from elastic_attention.evaluation.pipeline import load_backbone
@@ -35,9 +35,9 @@ from elastic_attention.integration import runtime_of
 
 def first_token(model, ids: torch.Tensor, mask: torch.Tensor):
     """One prefill as `bench request`'s own loop runs it: the cache the model's setup builds, the last logits."""
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        output = model(input_ids=ids, attention_mask=mask, position_ids=prompt_positions(mask), use_cache=True,
+                       logits_to_keep=1)
         return output.logits[:, -1].argmax(-1)
 
 

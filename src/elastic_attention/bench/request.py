@@ -147,7 +147,7 @@ def own_loop_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: 
     eos = model.generation_config.eos_token_id
     suppressed = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     batch, length = ids.shape
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    positions = prompt_positions(mask)
     prefill_implementation = model.config._attn_implementation
     cuda = ids.device.type == "cuda"
     clock = TokenClock(ids.device)
@@ -181,6 +181,12 @@ def own_loop_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: 
                 STATIC_ATTENTION.segments = {}
     return {**clock.timings(batch), "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device) if cuda else None,
             "kv_cache_bytes": cache_nbytes(cache), "tokens": torch.cat(tokens, dim=1).cpu()}
+
+
+def prompt_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids [B, S] of a left-padded batch (its attention mask [B, S]): each sequence counts from its first
+    token; padding gets 0."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def leading_tokens_equal(tokens: torch.Tensor, reference: torch.Tensor) -> list[int]:

@@ -36,7 +36,6 @@ from elastic_attention.errors import InputError
 
 if TYPE_CHECKING:
     from elastic_attention.cache.bounded import ElasticCache
-    from elastic_attention.patterns import SequenceLayout
 
 
 class ElasticCacheLayer(CacheLayerMixin):
@@ -62,9 +61,9 @@ class ElasticCacheLayer(CacheLayerMixin):
         self.sequences: list[SequenceStore] = []
         self.physical_length = 0
         self._staged: list[StagedEntries | None] = []
-        #: A prefill's keys and values [B, Hkv, S, D] and layout, stored at `commit` (after the layer's attention is
-        #: launched: the stores need the routing on the host); None otherwise.
-        self._prefill: tuple[torch.Tensor, torch.Tensor, SequenceLayout] | None = None
+        #: A prefill's keys and values [B, Hkv, S, D] and its sequences' spans, stored at `commit` (after the layer's
+        #: attention is launched: the stores need the routing on the host); None otherwise.
+        self._prefill: tuple[torch.Tensor, torch.Tensor, list] | None = None
         #: Storage addresses for the fused decode step (None: rebuild before the next one).
         self._segments: DecodeSegments | None = None
         #: A fused decode step's new keys and values [B, Hkv, 1, D], between `update` and `attend`.
@@ -99,7 +98,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         for span in spans:
             self._check_limit(span.key_len)
         if not self.sequences and layout.is_prefill:
-            self._prefill = (key_states, value_states, layout)  # stored by `commit`, after the attention's launch
+            self._prefill = (key_states, value_states, spans)  # stored by `commit`, after the attention's launch
             return key_states, value_states
         if not self.sequences:
             self.sequences = [self._new_store(n, key_states) for n in range(layout.num_sequences)]
@@ -393,10 +392,10 @@ class ElasticCacheLayer(CacheLayerMixin):
         """Store a prefill's entries (its stores built from the routing), then write the staged entries of the
         streaming heads into their rings (sink slots and the window)."""
         if self._prefill is not None:
-            key_states, value_states, layout = self._prefill
+            key_states, value_states, spans = self._prefill
             self._prefill = None
-            self.sequences = [self._new_store(n, key_states) for n in range(layout.num_sequences)]
-            self._store(key_states, value_states, layout.spans())
+            self.sequences = [self._new_store(n, key_states) for n in range(len(spans))]
+            self._store(key_states, value_states, spans)
         if self._pending is not None:
             self._write_pending()
         for store, staged in zip(self.sequences, self._staged):

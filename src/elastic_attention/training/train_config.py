@@ -250,7 +250,7 @@ class TrainConfig:
             trained = read_adapter_config(folder)
         except AdapterMismatchError as error:
             raise ConfigError(f"`initial_router`: {error}") from None
-        wanted = ElasticConfig(**self.elastic)
+        wanted = self.elastic_config
         differences = [f"{name}={getattr(trained, name)!r} (here {getattr(wanted, name)!r})"
                        for name in (f.name for f in dataclasses.fields(ElasticConfig))
                        if getattr(trained, name) != getattr(wanted, name)]
