@@ -13,6 +13,7 @@ from conftest import load_script
 from elastic_attention.assets import TINY_BACKBONE
 from elastic_attention.bench import request
 from elastic_attention.cli import main as cli_main
+from elastic_attention.errors import InputError
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +156,44 @@ def test_adapter_precision_counts_the_decisions_a_rounded_adapter_changes(router
         assert row["decisions"] == 8 and 0 <= row["differ_float16"] <= row["decisions"]
     assert result["differ"] == {name: sum(row[f"differ_{name}"] for row in result["rows"]) / 32
                                 for name in ("float16", "bfloat16")}
+
+
+def _run_document(date: str, cells: list[tuple[str, int, int]], ttft: float, **header) -> dict:
+    rows = [{"prompt_kind": kind, "length": length, "batch": batch, "mode": mode, "baseline": baseline, "msr": 0.5,
+             "ttft_s": ttft, "decode_tokens_per_s": 100.0, "peak_memory_bytes": None, "kv_cache_bytes": 2**20,
+             "tokens_equal_reference": None, "first_call_s": 1.0, "compile_decode": True, "decode_loop": "own"}
+            for kind, length, batch in cells for mode, baseline in (("dense", "sdpa"), ("elastic", None))]
+    return {"date": date, "device": "cpu", "torch": "x", "transformers": "y", "command": f"run of {date}",
+            "model": "m", "router": "r", "new_tokens": 5, "rows_per_kind": 2, "tasks": {"sensitive": "a"},
+            "dense_setups": ["sdpa"], "results": rows, **header}
+
+
+def test_merged_request_runs_let_a_later_cell_replace_an_earlier_one_in_place(tmp_path):
+    old = _run_document("d0", [("sensitive", 32, 8), ("sensitive", 16, 8), ("robust", 16, 1)], ttft=2.0)
+    new = _run_document("d1", [("sensitive", 16, 8)], ttft=1.0, dense_setups=["sdpa", "static_cache_graph"])
+    merged = request.merge_results([("old.json", old), ("new.json", new)])
+    assert [(r["prompt_kind"], r["length"], r["batch"], r["run"]) for r in merged["results"]] == [
+        ("sensitive", 32, 8, 0), ("sensitive", 32, 8, 0), ("sensitive", 16, 8, 1), ("sensitive", 16, 8, 1),
+        ("robust", 16, 1, 0), ("robust", 16, 1, 0)]
+    assert [r["ttft_s"] for r in merged["results"] if r["run"] == 1] == [1.0, 1.0]
+    assert [(run["date"], run["source"]) for run in merged["runs"]] == [("d0", "old.json"), ("d1", "new.json")]
+    assert merged["date"] == "d1" and merged["dense_setups"] == ["sdpa", "static_cache_graph"]
+    table = request.markdown(merged)
+    assert "run 0, cpu, d0: `run of d0`" in table and "run 1, cpu, d1" in table and "sdpa (run 1)" in table
+    paths = []
+    for name, document in (("old.json", old), ("new.json", new)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(document))
+    load_script("merge_request_results").main([*map(str, paths), "--out", str(tmp_path / "merged.json")])
+    assert json.loads((tmp_path / "merged.json").read_text()) == merged
+    assert (tmp_path / "merged.md").read_text() == table
+
+
+def test_request_runs_of_different_models_or_token_counts_are_not_merged():
+    old = _run_document("d0", [("sensitive", 16, 8)], ttft=2.0)
+    with pytest.raises(InputError, match="new_tokens"):
+        request.merge_results([("old.json", old), ("new.json", {**old, "new_tokens": 64})])
+    with pytest.raises(InputError, match="no results"):
+        request.merge_results([("old.json", old), ("empty.json", {**old, "results": []})])
+    with pytest.raises(InputError, match="at least one"):
+        request.merge_results([])
