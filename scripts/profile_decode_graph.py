@@ -6,6 +6,16 @@ and the sum of its kernels is the time between kernels.
 
   python scripts/profile_decode_graph.py --length 131072 --batch 1 [--kinds bounded,dense_static_graph]
 
+``--model FOLDER --router ADAPTER`` profiles a real model instead, on `bench request`'s prompts (``--task``, left
+padded to ``--batch``) and in its own loop (`bench.request.own_loop_steps`): ``elastic`` (the router's routing, the
+bounded cache, captured compiled steps as `bench request` runs them) against ``dense_static_graph`` (the dense
+prefill, then the captured static-cache step); ``--length`` is then the prompt length. Each kind also reports its step
+with a synchronization after every step (``synchronized``: the request's clock stamps each token so), whose excess
+over the step is host time the GPU waits for.
+
+  python scripts/profile_decode_graph.py --model /tmp/qwen2.5-coder-1.5b-instruct \
+      --router src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct --task next_line --length 32768 --batch 8
+
 ``--blas`` (torch's preferred BLAS library) and ``--exact-bf16-reductions`` (no reduced-precision reductions in
 bf16 matrix products) ask whether cuBLAS's choice of GEMV kernels can be bettered for the captured step;
 ``--cublas-projections`` profiles the steps with cuBLAS projections in place of the grouped Triton launches.
@@ -15,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import statistics
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -68,17 +80,74 @@ def profile_steps(step, steps: int) -> tuple[dict, list]:
     return dict(groups), [(name[:90], us, count) for name, (us, count) in top]
 
 
+def synchronized_step_seconds(step, steps: int) -> float:
+    """Median wall seconds of ``step()`` followed by a synchronization, as a loop that stamps every token runs it."""
+    samples = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - began)
+    return statistics.median(samples)
+
+
 def report(kind: str, step, args, bound_s: float) -> None:
     step_s = timed(step, torch.device(args.device), args.steps, warmup=2)
+    synchronized_s = synchronized_step_seconds(step, args.steps)
     groups, top = profile_steps(step, args.profile_steps)
     kernel_us = sum(us for us, _ in groups.values())
-    print(f"== {kind}, length {args.length}, batch {args.batch}: step {step_s * 1e3:.3f} ms, bound {bound_s * 1e3:.3f} "
-          f"ms ({step_s / bound_s:.2f}x); kernels {kernel_us / 1e3:.3f} ms, between kernels "
-          f"{step_s * 1e3 - kernel_us / 1e3:.3f} ms", flush=True)
+    print(f"== {kind}, length {args.length}, batch {args.batch}: step {step_s * 1e3:.3f} ms (synchronized "
+          f"{synchronized_s * 1e3:.3f} ms), bound {bound_s * 1e3:.3f} ms ({step_s / bound_s:.2f}x); kernels "
+          f"{kernel_us / 1e3:.3f} ms, between kernels {step_s * 1e3 - kernel_us / 1e3:.3f} ms", flush=True)
     for group, (us, count) in sorted(groups.items(), key=lambda item: -item[1][0]):
         print(f"   {group:34s} {us / 1e3:7.3f} ms  {count:6.0f} kernels")
     for name, us, count in top:
         print(f"   {us:9.1f} us {count:5.0f}x  {name}")
+
+
+def profile_real_model(args) -> None:
+    """The ``elastic`` and ``dense_static_graph`` steps of a real model on `bench request`'s prompts."""
+    import elastic_attention as ea
+    from elastic_attention.bench.request import (
+        adapter_config,
+        dense_setups,
+        left_padded,
+        own_loop_steps,
+        prompt_batches,
+    )
+    from elastic_attention.evaluation.pipeline import load_backbone
+
+    device = torch.device(args.device)
+    bandwidth = copy_bandwidth(device)
+    model, tokenizer = load_backbone(args.model, args.device, None)
+    weights = read_bytes_per_step(model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    prompts = prompt_batches(tokenizer, "code", {"prompt": args.task}, args.length, args.rows, args.seed)["prompt"]
+    ids, mask = left_padded(prompts, args.batch, pad_id, device)
+    new_tokens = 2 + 2 * args.steps + 2 + args.profile_steps + 8  # every step below, with room
+    kinds = args.kinds.split(",")
+    print(f"{args.task} at {args.length} tokens ({int(mask.sum(1).max())} in the longest row), batch {args.batch}",
+          flush=True)
+    if "elastic" in kinds:
+        ea.attach(model, adapter_config(model, args.router), compile_decode=True)
+        ea.load_router(model, args.router)
+        try:
+            with own_loop_steps(model, ids, mask, new_tokens, elastic=True) as step:
+                step()
+                msr = float(ea.routing_report(model).msr.mean())
+                report(f"elastic (MSR {msr:.2f})", step, args, (weights + bounded_read_bytes(step.cache)) / bandwidth)
+        finally:
+            ea.detach(model)
+        torch.cuda.empty_cache()
+    if "dense_static_graph" in kinds:
+        setups, _ = dense_setups(model, device)
+        model.set_attn_implementation("flash_attention_4" if any(name == "flash_attention_4" for name, _, _ in setups)
+                                      else "sdpa")
+        with own_loop_steps(model, ids, mask, new_tokens) as step:
+            step()
+            bound_s = (weights + dense_read_bytes(model, args.batch, int(mask.sum(1).max()))) / bandwidth
+            report("dense_static_graph", step, args, bound_s)
 
 
 def main() -> None:
@@ -88,7 +157,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--msr", type=float, default=0.7)
     parser.add_argument("--backend", default="auto")
-    parser.add_argument("--kinds", default="bounded,dense_static_graph")
+    parser.add_argument("--kinds", default=None,
+                        help="bounded,dense_static_graph (random weights) or elastic,dense_static_graph (--model)")
+    parser.add_argument("--model", help="a real model's folder: profile it on bench request's prompts")
+    parser.add_argument("--router", help="with --model: the router adapter's folder")
+    parser.add_argument("--task", default="next_line", help="with --model: the code suite's task of the prompts")
+    parser.add_argument("--rows", type=int, default=4, help="with --model: prompt rows, cycled to fill the batch")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--blas", choices=["cublas", "cublaslt"], help="torch.backends.cuda.preferred_blas_library")
@@ -103,9 +177,15 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     print(f"blas {torch.backends.cuda.preferred_blas_library()}, bf16 reduced-precision reductions "
           f"{torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction}", flush=True)
+    if args.model and not args.router:
+        parser.error("--model needs --router (the adapter whose routing the elastic step runs)")
+    args.kinds = args.kinds or ("elastic,dense_static_graph" if args.model else "bounded,dense_static_graph")
     args.kernel_options = None
     device = torch.device(args.device)
     compile_in_process()
+    if args.model:
+        profile_real_model(args)
+        return
     bandwidth = copy_bandwidth(device)
     model = build_model(args, device, args.length + args.steps * 4 + 512)
     weights = read_bytes_per_step(model)

@@ -42,6 +42,7 @@ Writes the JSON (rewritten after each cell) and a markdown table beside it (same
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 from pathlib import Path
 
@@ -129,37 +130,62 @@ def own_loop_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: 
                       elastic: bool = False) -> dict:
     """Greedy decoding in a loop of this module's own, without `generate` around it (none of its host work between
     steps); timed as `timed_generate` (a stamp per token after synchronizing; end of sequence never chosen) and
-    returning its fields. One prefill (left padding masked, positions counted from each sequence's first token), then:
+    returning its fields. The prefill and the steps are `own_loop_steps`'."""
+    from elastic_attention.bench.timing import TokenClock
+    from elastic_attention.cache import cache_nbytes
+
+    clock = TokenClock(ids.device)
+    cuda = ids.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(ids.device)
+    clock.start()
+    with own_loop_steps(model, ids, mask, new_tokens, elastic=elastic, first_token_done=lambda: clock(None, None)
+                        ) as step:
+        tokens = [step.token.clone()]
+        for _ in range(new_tokens - 1):
+            step()
+            tokens.append(step.token.clone())
+            clock(None, None)
+        cache_bytes = cache_nbytes(step.cache)
+    return {**clock.timings(ids.shape[0]),
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device) if cuda else None,
+            "kv_cache_bytes": cache_bytes, "tokens": torch.cat(tokens, dim=1).cpu()}
+
+
+@contextlib.contextmanager
+def own_loop_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, *, elastic: bool = False,
+                   first_token_done=None):
+    """The decode steps of `own_loop_generate` after its prefill: yields a `decode_graphs.Stepper` whose ``token``
+    [B, 1] is the prefill's greedy token and whose calls make the next ``new_tokens - 1`` (room for 8 more).
+
+    One prefill (left padding masked, positions counted from each sequence's first token; end of sequence never
+    chosen), ``first_token_done()`` called once its token is on the host's side of a synchronization if it asks for
+    one, then:
 
     - ``elastic`` False (CUDA only): the model without elastic attention; its cache copied into transformers'
       `StaticCache`; each step replayed as a captured CUDA graph (decoder layers compiled, batch 1: grouped
       projections) whose attention is the fused split-K decode kernel over each sequence's unpadded entries
-      (`decode_graphs.StaticCacheDecodeAttention`): the fastest dense decode this project knows;
+      (`decode_graphs.StaticCacheDecodeAttention`): the fastest dense decode this project knows; the model's
+      attention implementation is put back on exit;
     - ``elastic`` True: the model as attached, over the cache its prefill gets (`attach`'s ``cache``: an
       `ElasticCache` by default, whose steps are captured as `attach` set them).
     """
     from elastic_attention.bench.decode_graphs import STATIC_ATTENTION, STATIC_ATTENTION_NAME, Stepper, static_copy
-    from elastic_attention.bench.timing import TokenClock
-    from elastic_attention.cache import cache_nbytes
 
     if not elastic and ids.device.type != "cuda":
         raise InputError("the captured dense decode replays CUDA graphs: give it inputs on a CUDA device")
     eos = model.generation_config.eos_token_id
     suppressed = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    batch, length = ids.shape
+    length = ids.shape[1]
     positions = prompt_positions(mask)
     prefill_implementation = model.config._attn_implementation
-    cuda = ids.device.type == "cuda"
-    clock = TokenClock(ids.device)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(ids.device)
-    clock.start()
     with torch.no_grad():
         output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         logits = output.logits[:, -1]
         logits[:, suppressed] = float("-inf")
-        tokens = [logits.argmax(-1, keepdim=True)]
-        clock(None, None)
+        token = logits.argmax(-1, keepdim=True)
+        if first_token_done is not None:
+            first_token_done()
         steps = {"positions": positions[:, -1:] + 1, "suppressed_tokens": suppressed}
         if elastic:
             cache = output.past_key_values
@@ -167,20 +193,14 @@ def own_loop_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: 
             cache = static_copy(model, output.past_key_values, length, length + new_tokens + 8)
             STATIC_ATTENTION.prepare(cache, length, None, pads=(mask == 0).sum(1).tolist())
             model.set_attn_implementation(STATIC_ATTENTION_NAME)
-            steps.update(graph_over_static=STATIC_ATTENTION, compile_layers=True, group_projections=batch == 1)
+            steps.update(graph_over_static=STATIC_ATTENTION, compile_layers=True, group_projections=ids.shape[0] == 1)
         del output, logits
         try:
-            step = Stepper(model, cache, tokens[0], length, **steps)
-            for _ in range(new_tokens - 1):
-                step()
-                tokens.append(step.token.clone())
-                clock(None, None)
+            yield Stepper(model, cache, token, length, **steps)
         finally:
             if not elastic:
                 model.set_attn_implementation(prefill_implementation)
                 STATIC_ATTENTION.segments = {}
-    return {**clock.timings(batch), "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device) if cuda else None,
-            "kv_cache_bytes": cache_nbytes(cache), "tokens": torch.cat(tokens, dim=1).cpu()}
 
 
 def prompt_positions(mask: torch.Tensor) -> torch.Tensor:
@@ -228,7 +248,7 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
         row["leading_tokens_equal"] = leading_tokens_equal(row["tokens"], dense[0]["tokens"])
     fastest_first = min(dense, key=lambda r: r["ttft_s"])
     fastest_decode = max(dense, key=lambda r: r["decode_tokens_per_s"])
-    config = _adapter_config(model, router)
+    config = adapter_config(model, router)
     # under generate once per compile setting, then in the module's own loop (as the static_cache_graph setup)
     elastic_setups = [(compile_decode, "generate") for compile_decode in args.compile_decode]
     elastic_setups.append((args.compile_decode[-1], "own"))
@@ -266,7 +286,7 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
     return rows
 
 
-def _adapter_config(model, router: str):
+def adapter_config(model, router: str):
     """The `ElasticConfig` an adapter was trained with (read by attaching it once)."""
     import elastic_attention as ea
     from elastic_attention.integration import runtime_of
