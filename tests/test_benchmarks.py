@@ -44,6 +44,8 @@ def test_prefill_benchmark_smoke_run_on_cpu(tmp_path):
     assert models == ["sdpa", "elastic-fa-ssa", "elastic-xa-ssa"]
     fa_ssa = result["results"][1]
     assert fa_ssa["msr"] == pytest.approx(0.5) and 0 < fa_ssa["esr_mean"] < 1 and fa_ssa["seconds"] > 0
+    assert fa_ssa["speedup_vs_sdpa"] == pytest.approx(result["results"][0]["seconds"] / fa_ssa["seconds"])
+    assert "| 300 | elastic-xa-ssa |" in (tmp_path / "prefill.md").read_text()
 
 
 @pytest.mark.slow

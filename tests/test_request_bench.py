@@ -12,6 +12,7 @@ from conftest import load_script
 
 from elastic_attention.assets import TINY_BACKBONE
 from elastic_attention.bench import request
+from elastic_attention.bench.merge_runs import RULES, merge_runs
 from elastic_attention.cli import main as cli_main
 from elastic_attention.errors import InputError
 
@@ -171,7 +172,7 @@ def _run_document(date: str, cells: list[tuple[str, int, int]], ttft: float, **h
 def test_merged_request_runs_let_a_later_cell_replace_an_earlier_one_in_place(tmp_path):
     old = _run_document("d0", [("sensitive", 32, 8), ("sensitive", 16, 8), ("robust", 16, 1)], ttft=2.0)
     new = _run_document("d1", [("sensitive", 16, 8)], ttft=1.0, dense_setups=["sdpa", "static_cache_graph"])
-    merged = request.merge_results([("old.json", old), ("new.json", new)])
+    merged = merge_runs([("old.json", old), ("new.json", new)], RULES["request"])
     assert [(r["prompt_kind"], r["length"], r["batch"], r["run"]) for r in merged["results"]] == [
         ("sensitive", 32, 8, 0), ("sensitive", 32, 8, 0), ("sensitive", 16, 8, 1), ("sensitive", 16, 8, 1),
         ("robust", 16, 1, 0), ("robust", 16, 1, 0)]
@@ -184,16 +185,18 @@ def test_merged_request_runs_let_a_later_cell_replace_an_earlier_one_in_place(tm
     for name, document in (("old.json", old), ("new.json", new)):
         paths.append(tmp_path / name)
         paths[-1].write_text(json.dumps(document))
-    load_script("merge_request_results").main([*map(str, paths), "--out", str(tmp_path / "merged.json")])
+    load_script("merge_bench_results").main(["request", *map(str, paths), "--out", str(tmp_path / "merged.json")])
     assert json.loads((tmp_path / "merged.json").read_text()) == merged
     assert (tmp_path / "merged.md").read_text() == table
 
 
-def test_request_runs_of_different_models_or_token_counts_are_not_merged():
+def test_request_runs_of_different_models_devices_or_token_counts_are_not_merged():
     old = _run_document("d0", [("sensitive", 16, 8)], ttft=2.0)
     with pytest.raises(InputError, match="new_tokens"):
-        request.merge_results([("old.json", old), ("new.json", {**old, "new_tokens": 64})])
-    with pytest.raises(InputError, match="no results"):
-        request.merge_results([("old.json", old), ("empty.json", {**old, "results": []})])
+        merge_runs([("old.json", old), ("new.json", {**old, "new_tokens": 64})], RULES["request"])
+    with pytest.raises(InputError, match="device"):
+        merge_runs([("old.json", old), ("new.json", {**old, "device": "NVIDIA H100"})], RULES["request"])
+    with pytest.raises(InputError, match="no result rows"):
+        merge_runs([("old.json", old), ("empty.json", {**old, "results": []})], RULES["request"])
     with pytest.raises(InputError, match="at least one"):
-        request.merge_results([])
+        merge_runs([], RULES["request"])

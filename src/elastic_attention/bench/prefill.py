@@ -6,8 +6,10 @@ downloaded. For each length it times one prefill (``logits_to_keep=1``, no cache
   - ``fa4_dense``: the model with dense causal flash-attn-4 (registered through AttentionInterface);
   - ``elastic-<configuration>``: the model with elastic attention attached (backend ``--backend``), routing forced
     to ``--msr`` (the same random head choice for every configuration), block tables and XA estimates included.
-It records the median seconds, the peak GPU memory of each prefill, and for elastic runs the measured ESR. Before
-timing, the elastic model's last hidden state is checked against the same routing on the reference backend.
+It records the median seconds, the peak GPU memory of each prefill, and for elastic runs the measured MSR, ESR and
+speedup over each dense model of the same length and run (``speedup_vs_<mode>``). Before timing, the elastic model's
+last hidden state is checked against the same routing on the reference backend. Runs merge into one table with
+`scripts/merge_bench_results.py prefill`.
 
   elastic-attention bench prefill --lengths 8k,32k,128k --out benchmarks/results/prefill.json
   elastic-attention bench prefill --device cpu --layers 2 --hidden 256 --heads 4 --kv-heads 2 --intermediate 512 \\
@@ -29,9 +31,12 @@ from elastic_attention.bench.model import (
     forced_routing,
     model_fields,
 )
+from elastic_attention.bench.merge_runs import runs_lines
 from elastic_attention.bench.timing import parse_tokens, run_header, timed, write_result
+from elastic_attention.io import atomic_write_text
 
 FA4_DENSE = "fa4_dense"
+ELASTIC_PREFIX = "elastic-"
 
 
 def register_fa4_dense() -> None:
@@ -72,7 +77,7 @@ def run(args) -> dict:
                 check_against_reference(model, input_ids, config, routing, args.backend)
             attach(model, config, backend=args.backend)
             force_routing(model, routing)
-            row = measure(prefill, device, args, {"length": length, "model": f"elastic-{configuration}"})
+            row = measure(prefill, device, args, {"length": length, "model": f"{ELASTIC_PREFIX}{configuration}"})
             report = routing_report(model)
             row.update(msr=float(report.msr.mean()), esr_mean=float(report.esr_mean.mean()))
             detach(model)
@@ -83,8 +88,37 @@ def run(args) -> dict:
         "elastic": {"backend": args.backend, "msr": args.msr, "block_size": args.block_size, "sink": args.sink,
                     "local": args.local},
         "baselines": "sdpa (cuDNN) and fa4_dense models, same weights, same inputs, same process",
-        "results": rows,
+        "results": with_speedups(rows),
     }
+
+
+def with_speedups(rows: list[dict]) -> list[dict]:
+    """The rows, each elastic row with ``speedup_vs_<mode>``: the seconds of every dense mode measured at its length
+    among ``rows`` (one run's) over its own seconds."""
+    dense = [row for row in rows if not row["model"].startswith(ELASTIC_PREFIX)]
+    return [row if not row["model"].startswith(ELASTIC_PREFIX) else
+            {**row, **{f"speedup_vs_{base['model']}": base["seconds"] / row["seconds"]
+                       for base in dense if base["length"] == row["length"]}}
+            for row in rows]
+
+
+def markdown(result: dict) -> str:
+    """The results as one markdown table: a row per length and model, elastic rows with their speedups over the
+    dense models of their own run."""
+    several_runs = len(result.get("runs") or []) > 1
+    modes = list(dict.fromkeys(row["model"] for row in result["results"] if not row["model"].startswith(ELASTIC_PREFIX)))
+    lines = runs_lines(result, "Prefill benchmark") + [""]
+    lines.append("| length | model | seconds | " + "".join(f"speedup vs {mode} | " for mode in modes)
+                 + "MSR | ESR | peak memory (GiB) |" + (" run |" if several_runs else ""))
+    lines.append("|---" * (6 + len(modes) + several_runs) + "|")
+    for row in result["results"]:
+        speedups = "".join(f"{row[f'speedup_vs_{mode}']:.2f}x | " if f"speedup_vs_{mode}" in row else "- | "
+                           for mode in modes)
+        msr, esr = (f"{row[key]:.2f}" if key in row else "-" for key in ("msr", "esr_mean"))
+        peak = f"{row['peak_memory_gib']:.1f}" if "peak_memory_gib" in row else "-"
+        lines.append(f"| {row['length']} | {row['model']} | {row['seconds']:.3f} | {speedups}{msr} | {esr} | {peak} |"
+                     + (f" {row['run']} |" if several_runs else ""))
+    return "\n".join(lines) + "\n"
 
 
 def measure(prefill, device: torch.device, args, row: dict) -> dict:
@@ -137,7 +171,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     arguments = parse_args(argv)
-    write_result(arguments.out, run(arguments))
+    result = run(arguments)
+    write_result(arguments.out, result)
+    atomic_write_text(arguments.out.with_suffix(".md"), markdown(result))
 
 
 if __name__ == "__main__":

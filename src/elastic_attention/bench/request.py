@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from elastic_attention.bench.merge_runs import runs_lines
 from elastic_attention.bench.timing import parse_tokens, run_header, timed_generate, warm_then_timed, write_result
 from elastic_attention.errors import InputError
 from elastic_attention.io import atomic_write_text
@@ -309,9 +310,8 @@ def setup_label(row: dict) -> str:
 
 def markdown(result: dict) -> str:
     """The results as one markdown table (a row per prompt kind, length, batch and setup)."""
-    runs = result.get("runs") or [result]
-    lines = [f"Request benchmark{f', run {index}' if len(runs) > 1 else ''}, {run['device']}, {run['date']}: "
-             f"`{run['command']}`" for index, run in enumerate(runs)]
+    several_runs = len(result.get("runs") or []) > 1
+    lines = runs_lines(result, "Request benchmark")
     lines += ["", "| prompt kind | length | batch | mode | setup | MSR | TTFT (s) | decode (tok/s) | peak memory (GiB) | "
               "KV cache (MiB) | tokens = reference | tokens agreeing (fewest) | first call (s) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -321,54 +321,12 @@ def markdown(result: dict) -> str:
         setup = setup_label(row)
         agreeing = row.get("leading_tokens_equal")
         agreeing = "-" if not agreeing else f"{min(agreeing)} of {result['new_tokens']}"
-        setup += f" (run {row['run']})" if len(runs) > 1 else ""
+        setup += f" (run {row['run']})" if several_runs else ""
         lines.append(f"| {row['prompt_kind']} | {row['length']} | {row['batch']} | {row['mode']} | "
                      f"{setup} | {row['msr']:.2f} | {row['ttft_s']:.3f} | "
                      f"{row['decode_tokens_per_s']:.1f} | {peak} | {row['kv_cache_bytes'] / 2**20:.1f} | {equal} | "
                      f"{agreeing} | {row['first_call_s']:.2f} |")
     return "\n".join(lines) + "\n"
-
-
-#: Header fields every merged result must share (the same model, router folder, prompts and new tokens).
-MERGE_SHARED = ("model", "router", "new_tokens", "rows_per_kind", "tasks")
-#: Header fields of one run, kept per run in a merged result.
-RUN_FIELDS = ("date", "device", "torch", "transformers", "command")
-
-
-def merge_results(documents: list[tuple[str, dict]]) -> dict:
-    """One result from several runs' JSON documents ``(name, document)``, oldest first: a cell (prompt kind, length,
-    batch) measured again replaces the earlier run's rows of that cell. Each row gains ``run`` (an index into the
-    merged ``runs``: each run's date, device, versions, command and ``source`` name); the header is the newest
-    run's, with ``dense_setups`` the union.
-
-    Raises:
-        InputError: no documents; a document without results; documents that differ in a `MERGE_SHARED` field.
-    """
-    if not documents:
-        raise InputError("merging request results needs at least one document")
-    for name, document in documents:
-        if not document.get("results"):
-            raise InputError(f"{name} holds no results rows: is it the JSON of `elastic-attention bench request`?")
-    first_name, first = documents[0]
-    for name, document in documents[1:]:
-        differing = [field for field in MERGE_SHARED if document.get(field) != first.get(field)]
-        if differing:
-            raise InputError(f"{name} differs from {first_name} in {', '.join(differing)}: only runs of one model, "
-                             "router, prompt set and token count can share a table")
-    cells: dict[tuple, list[dict]] = {}
-    runs = []
-    for index, (name, document) in enumerate(documents):
-        runs.append({**{field: document.get(field) for field in RUN_FIELDS}, "source": name})
-        measured: dict[tuple, list[dict]] = {}
-        for row in document["results"]:
-            key = (row["prompt_kind"], row["length"], row["batch"])
-            measured.setdefault(key, []).append({**row, "run": index})
-        cells.update(measured)  # a later run's cell replaces the earlier one's, in the earlier one's place
-    dense_setups = []
-    for _, document in documents:
-        dense_setups += [name for name in document.get("dense_setups", []) if name not in dense_setups]
-    return {**documents[-1][1], "dense_setups": dense_setups, "runs": runs,
-            "results": [row for rows in cells.values() for row in rows]}
 
 
 def run(args) -> dict:
