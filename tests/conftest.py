@@ -184,10 +184,12 @@ def generate_with_and_without_graphs(config, ids, mask, new_tokens, first_stop):
     return results, caches, stop
 
 
-def fused_decode_case(device: str, dtype: torch.dtype, group: int, head_dim: int, lengths: list[int]):
+def fused_decode_case(device: str, dtype: torch.dtype, group: int, head_dim: int, lengths: list[int],
+                      max_entries: int | None = None):
     """One fused decode step (`decode_step`) over (sequence, KV head) segments of the given lengths, half of them full
     stores and half rings (sink 5, local 100: empty, filling, at and past the wrap point), against float64 attention
-    over each segment's visible positions of the same ``dtype``-rounded values.
+    over each segment's visible positions of the same ``dtype``-rounded values. ``max_entries``: the bound the key
+    splits cover (None: the longest segment's entries after the step; a captured step passes its capacity).
 
     Returns:
         (actual, expected): [len(lengths), 3 * group, 1, head_dim] float64 on the CPU.
@@ -222,7 +224,7 @@ def fused_decode_case(device: str, dtype: torch.dtype, group: int, head_dim: int
     new_entries = torch.randn(2, len(lengths), num_kv, 1, head_dim, dtype=torch.float64)
     query = torch.randn(len(lengths), num_kv * group, 1, head_dim, dtype=torch.float64)
     actual = decode_step(query.to(device, dtype), *new_entries.to(device, dtype), segments, 0.1, sink_tokens=sink,
-                         local_tokens=local, max_entries=max(lengths) + 1)
+                         local_tokens=local, max_entries=max_entries or max(lengths) + 1)
     assert segments.lengths.tolist() == [length + 1 for length in lengths for _ in range(num_kv)]
     expected = torch.empty_like(query)
     for (n, h), past in history.items():

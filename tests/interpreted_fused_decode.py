@@ -35,6 +35,14 @@ def test_fused_decode_kernels_match_float64(group, head_dim, processors, merge_s
     assert float((actual - expected).abs().max()) < 1e-4
 
 
+def test_splits_past_every_entry_change_nothing(monkeypatch):
+    """Key splits sized for a bound 4x the longest segment (a captured step's capacity): most programs start past
+    their segment's entries and return at once, the merge reads only the splits that hold entries."""
+    monkeypatch.setattr(triton_decode, "_processors", lambda device: 50)
+    actual, expected = fused_decode_case("cpu", torch.float32, 2, 16, [0, 37, 105, 383, 384, 1500], max_entries=6004)
+    assert float((actual - expected).abs().max()) < 1e-4
+
+
 def test_decode_steps_take_the_fused_path_and_equal_the_per_sequence_path():
     """A left-padded batch with per-sample routing, 70 steps (the full stores grow, the table is rebuilt)."""
     config = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4)
@@ -376,3 +384,37 @@ def test_grouped_projections_of_a_model_with_biases(monkeypatch):
             actual = model(input_ids=ids).logits
     assert float((actual - expected).abs().max()) < 1e-5
     assert launches == [(3, 3), (1, 0), (2, 0), (1, 0)] * 2
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_key_splits_cover_the_longest_segment_a_layer_holds(graphs, monkeypatch):
+    """A layer whose heads all stream sizes its key splits by the ring (sink + local), not by the sequence or the
+    captured step's capacity; a layer with a full head by the sequence (eager) or the capacity (static). The logits
+    stay those of the per-sequence path."""
+    from elastic_attention import force_routing
+    from elastic_attention.cache import layer as cache_layer
+
+    bounds = []
+    step = cache_layer.decode_step
+
+    def recording_step(query, keys, values, segments, scale, **options):
+        bounds.append(options["max_entries"])
+        return step(query, keys, values, segments, scale, **options)
+
+    monkeypatch.setattr(cache_layer, "decode_step", recording_step)
+    ids, mask, continuation = _batch(prompt=60, steps=4)
+    logits, caches = {}, {}
+    for fused in (True, False):
+        model = tiny_model("llama")
+        attach(model, STATIC_CONFIG, backend="reference")
+        force_routing(model, torch.tensor([[False, False], [True, False]]))  # layer 0: both heads stream
+        cache = ElasticCache(model, fused_decode=fused, cuda_graphs=graphs and fused)
+        logits[fused], caches[fused] = teacher_forced_decode(model, ids, mask, continuation, cache)
+    capacity = caches[True].static_capacity
+    ring_size = STATIC_CONFIG.sink_tokens + STATIC_CONFIG.local_tokens
+    longest = [60 + step for step in range(1, 5)]  # the first sample (the second is left-padded), step by step
+    if graphs:
+        assert bounds == [ring_size, capacity] * 4 and capacity > longest[-1]
+    else:
+        assert bounds == [bound for length in longest for bound in (ring_size, length)]
+    assert float((logits[True] - logits[False]).abs().max()) < 1e-5

@@ -70,8 +70,9 @@ class ElasticCacheLayer(CacheLayerMixin):
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         #: Decode steps this layer ran through the fused kernels.
         self.fused_steps = 0
-        #: In static mode (`ElasticCache.begin_static`): (capacity, entries of all segments when it began), which fix
-        #: the fused kernel's key splits; None otherwise.
+        #: In static mode (`ElasticCache.begin_static`): (the most entries any segment can reach: the capacity, or the
+        #: ring's size where every head streams; the entries of all segments when it began), which fix the fused
+        #: kernel's key splits; None otherwise.
         self._static: tuple[int, int] | None = None
 
     # -- the Hugging Face layer interface ------------------------------------------------------------------------
@@ -313,7 +314,7 @@ class ElasticCacheLayer(CacheLayerMixin):
             reserve_full(store, capacity - store.full_first, spare=False)
             reserve_ring(store, capacity, self.cache.window.ring_size, spare=False)
         self._segments = self._build_segments()
-        self._static = (capacity, self._entries_read())
+        self._static = (self._longest_segment(capacity), self._entries_read())
 
     def end_static(self, steps: int) -> None:
         """Leave static mode after ``steps`` replayed steps: count them in the host-side lengths."""
@@ -382,7 +383,7 @@ class ElasticCacheLayer(CacheLayerMixin):
             max_entries, total_entries = self._static
         else:
             self.fused_steps += 1
-            max_entries = max(store.length for store in self.sequences)  # counting this step's entry
+            max_entries = self._longest_segment()
             total_entries = self._entries_read()
         return decode_step(query, keys, values, self._segments, scale, sink_tokens=window.sink_tokens,
                            local_tokens=window.local_tokens, max_entries=max_entries, total_entries=total_entries,
@@ -449,6 +450,14 @@ class ElasticCacheLayer(CacheLayerMixin):
             ring_values=new(ring_heads),
             ring_positions=torch.full((0,), -1, dtype=torch.long, device=key_states.device),
         )
+
+    def _longest_segment(self, capacity: int | None = None) -> int:
+        """The most entries a segment of this layer holds in this step, counting its entry (with ``capacity``: can
+        hold in any step up to position ``capacity - 1``): a full store's every position, a ring at most its size.
+        The fused step's key splits cover it."""
+        ring_size = self.cache.window.ring_size
+        return max(length if store.full_heads.numel() else min(length, ring_size)
+                   for store in self.sequences for length in [capacity or store.length])
 
     def _entries_read(self) -> int:
         """Entries a decode step of this layer reads over every sequence and head (`SequenceStore.kept_entries`)."""

@@ -8,7 +8,8 @@ address, so one launch reaches all of them whatever tensor each lives in.
 
 A decode step is two launches per layer, whatever the batch size (`decode_step`): a grid of segments x key splits, the
 splits sized from the entries of all segments together (so a batch-1 step at long lengths still fills the GPU, and a
-short ring takes one split). Each program takes its segment's new key and value from the step's states (the first
+short ring takes one split) and as many as the longest segment needs (a split starting past its segment's entries
+returns at once: a ring beside full stores, or a captured step sized for its capacity, leaves most of its own empty). Each program takes its segment's new key and value from the step's states (the first
 split also writes them to the cache: a full store at its end, a ring at its slot, with the slot's position), runs
 split-K attention of the segment's query heads over its share of the entries (all of a full store, the filled slots
 of a ring; split 0 starts from the new entry and every split leaves its slot out, since split 0 is writing it), and
@@ -47,6 +48,9 @@ class DecodeKernelOptions:
         programs_per_processor: how many programs per SM the key splits aim at, counted over the entries of every
             segment (a short ring needs one program, a long full store many).
         max_splits: at most this many splits per segment.
+        min_split_keys: at least this many keys per split (rounded up to whole blocks): a layer whose few long full
+            stores sit beside short rings otherwise splits them into programs of one or two blocks, which spend as
+            much on their query, partial result and merge as on keys. 0: one block.
     """
 
     block_keys: int = 64
@@ -54,6 +58,7 @@ class DecodeKernelOptions:
     num_stages: int = 2
     programs_per_processor: int = 3
     max_splits: int = 1024
+    min_split_keys: int = 0
 
 
 #: The options `decode_step` uses unless given others.
@@ -216,11 +221,13 @@ def _processors(device: torch.device) -> int:
 def _key_splits(max_entries: int, total_entries: int, options: DecodeKernelOptions,
                 device: torch.device) -> tuple[int, int]:
     """(splits, keys per split): about ``options.programs_per_processor`` programs per SM over all the step's entries
-    (each program over whole key blocks), at most ``options.max_splits`` splits per segment."""
+    (each program over whole key blocks), at most ``options.max_splits`` splits per segment, at least
+    ``options.min_split_keys`` keys per split."""
     block = options.block_keys
     programs = options.programs_per_processor * _processors(device)
-    keys_per_split = _ceil_div(_ceil_div(max(1, total_entries), programs), block) * block
-    keys_per_split = max(keys_per_split, _ceil_div(_ceil_div(max(1, max_entries), options.max_splits), block) * block)
+    least_keys = max(_ceil_div(max(1, total_entries), programs), _ceil_div(max(1, max_entries), options.max_splits),
+                     options.min_split_keys)
+    keys_per_split = _ceil_div(least_keys, block) * block
     return _ceil_div(max(1, max_entries), keys_per_split), keys_per_split
 
 

@@ -57,7 +57,9 @@ def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key
                  lengths, sink, local, keys_per_split, partial, maxima, sums, scale, splits, GROUP: tl.constexpr,
                  BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  ALIGNED: tl.constexpr, PRECISION: tl.constexpr):
-    """One key split of one segment: its partial result (maximum, sum, weighted values) per query head."""
+    """One key split of one segment: its partial result (maximum, sum, weighted values) per query head. A split that
+    starts past the segment's entries returns at once: the grid is sized for the longest segment (or a captured
+    step's capacity), so a ring's later splits and a full store's splits past its length hold nothing."""
     segment, split = tl.program_id(0), tl.program_id(1)
     batch_row, head = segment // num_kv, segment % num_kv
     length = tl.load(lengths + segment)  # before the step (counted after the merge)
@@ -65,6 +67,9 @@ def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key
     entries = length + 1
     if position_address != 0:
         entries = tl.minimum(entries, sink + local)
+    start = split * keys_per_split
+    if start > entries:  # past every split the merge may read (it reads at most the one starting at `entries`)
+        return
     slot = _slot_of(length, position_address, sink, local)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -77,7 +82,6 @@ def step_kernel(query, query_stride_b, query_stride_h, new_keys, new_values, key
         _store_entry(keys, values, position_address, length, sink, local, new_key, new_value, d, in_dim, HEAD_DIM)
     query_rows = query + batch_row * query_stride_b + (head * GROUP + g[:, None]) * query_stride_h + d[None, :]
     queries = tl.load(query_rows, mask=in_group[:, None] & in_dim[None, :], other=0.0)
-    start = split * keys_per_split
     end = tl.minimum(start + keys_per_split, entries)
     # The new entry's slot is being written by split 0, so the loop leaves it out and split 0 starts from it.
     new_scores = tl.sum(queries.to(tl.float32) * new_key.to(tl.float32)[None, :], 1) * scale
