@@ -5,7 +5,7 @@ bar, the measured values and met / missed:
 - robust prompts at batch 8: decode tokens/s >= 1.6x the best dense setup's (each length);
 - sensitive prompts: neither time to first token nor decode more than 5% slower (every length and batch);
 - every elastic row: KV-cache bytes within 10% of the bytes its routing implies, and its tokens equal the
-  reference path's.
+  reference path's (a row that differs says how near a tie the reference's logits held where it first differed).
 
 Each (prompt kind, length, batch) is judged on its best elastic setup (captured decode steps as they are, or
 compiled; under `generate` or in the bench's own loop) against the best dense setup per metric, both taken from the
@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from elastic_attention.bench.request import setup_label
+from elastic_attention.bench.request import setup_label, widest_margin
 
 #: (what, prompt kind, length or None for every length, batch or None for every batch, metric, least speedup)
 SPEED_BARS = (
@@ -77,8 +77,12 @@ def bars(results: list[dict]) -> list[str]:
         worst = max(ratios, key=lambda ratio: abs(ratio - 1))
         verdict = "met" if all(abs(ratio - 1) <= 0.10 for ratio in ratios) else "missed"
         lines.append(f"KV-cache bytes within 10% of what the routing implies: {verdict} (farthest {worst:.3f}x)")
-        unequal = [f"{row['prompt_kind']} {_tokens(row['length'])} batch {row['batch']} ({setup_label(row)})"
-                   for row in elastic if row["tokens_equal_reference"] is not True]
+        unequal = []
+        for row in elastic:
+            if row["tokens_equal_reference"] is not True:
+                margin = widest_margin(row)
+                unequal.append(f"{row['prompt_kind']} {_tokens(row['length'])} batch {row['batch']} "
+                               f"({setup_label(row)}{'; ' + margin if margin else ''})")
         lines.append(f"tokens equal the reference path's: {'missed: ' + ', '.join(unequal) if unequal else 'met'}")
     return lines
 

@@ -60,6 +60,7 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
             assert row["tokens_equal_reference"] is True  # float32 on the CPU: the same tokens as the reference path
             assert row["reference_rows_checked"] == min(2, row["batch"])
             assert row["leading_tokens_equal"] == [5] * row["reference_rows_checked"]
+            assert row["divergences"] == [None] * row["reference_rows_checked"]
             assert 1.0 <= row["kv_cache_bytes"] / row["kv_cache_bytes_implied"] <= 1.10
             assert row["ttft_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["speedup_ttft_over"] == "sdpa"
     table = out.with_suffix(".md").read_text()
@@ -96,6 +97,7 @@ def test_request_bars_judge_the_best_setups_against_the_best_baseline():
         request_row("sensitive", 16384, 1, "dense", 1.0, 40.0, "sdpa"),
         request_row("sensitive", 16384, 1, "elastic", 1.04, 39.0, "plain", kv=1.12, equal=False),  # 0.96x, 0.975x
     ]
+    rows[-1]["divergences"] = [None, {"step": 3, "margin": 0.125, "top_logit": 21.5}]
     lines = load_script("request_bars").bars(rows)
     assert lines[0].startswith("time to first token >= 1.4x faster, robust prompts at 32K: missed (32K batch 1: "
                                "1.33x (router over sdpa), 32K batch 8: 1.50x (router over sdpa))")
@@ -104,7 +106,21 @@ def test_request_bars_judge_the_best_setups_against_the_best_baseline():
     assert lines[2].startswith("time to first token at most 5% slower, sensitive prompts: met (16K batch 1: 0.96x")
     assert lines[3].startswith("decode at most 5% slower, sensitive prompts: met (16K batch 1: 0.97x")
     assert lines[4] == "KV-cache bytes within 10% of what the routing implies: missed (farthest 1.120x)"
-    assert lines[5] == "tokens equal the reference path's: missed: sensitive 16K batch 1 (router)"
+    assert lines[5] == ("tokens equal the reference path's: missed: sensitive 16K batch 1 (router; widest margin 0.125 "
+                        "at logit 21.5)")
+
+
+def test_divergences_read_the_reference_logits_where_each_sequence_first_differs():
+    """Oracle: margins worked out by hand from the reference's scores at the first differing step."""
+    reference = torch.tensor([[5, 6, 7], [1, 2, 3], [4, 4, 4]])
+    tokens = torch.tensor([[5, 6, 7], [1, 0, 9], [8, 4, 4], [0, 0, 0]])  # the fourth row is not checked
+    logits = torch.zeros(3, 3, 10)
+    logits[1, 1, 2], logits[1, 1, 0] = 20.0, 19.875  # row 1 differs at step 1: a near-tie
+    logits[2, 0, 4], logits[2, 0, 8] = 12.0, 3.0      # row 2 differs at step 0 by a wide margin
+    assert request.divergences(tokens, reference, logits) == [
+        None, {"step": 1, "margin": 0.125, "top_logit": 20.0}, {"step": 0, "margin": 9.0, "top_logit": 12.0}]
+    assert request.widest_margin({"divergences": request.divergences(tokens, reference, logits)}) == (
+        "widest margin 9 at logit 12.0")
 
 
 def test_leading_tokens_equal_counts_each_sequences_agreeing_prefix():

@@ -18,7 +18,8 @@ second call is timed (the first compiles and captures what it needs; its time to
   of an SSA head) and whether its tokens equal those of the same model on the reference path (backend
   ``reference``, the model's own cache, no graphs; the routers decide again from the same prompts; the first
   ``--reference-rows`` sequences of the batch), with ``leading_tokens_equal``: per checked sequence, how many of the
-  first generated tokens agree.
+  first generated tokens agree, and ``divergences``: where a sequence first differs, how far apart the reference's
+  own logits put the two tokens (`divergences`: a near-tie that rounding decides, or a wrong path).
 - ``dense``: the model without elastic attention: ``sdpa`` (transformers' SDPA and its dynamic cache);
   ``flash_attention_4`` where transformers can turn FlashAttention-4 on (installed, on a GPU; the result's
   ``dense_setups_missing`` says why not otherwise); on CUDA ``static_cache_compiled`` (transformers' static cache,
@@ -217,6 +218,36 @@ def leading_tokens_equal(tokens: torch.Tensor, reference: torch.Tensor) -> list[
     return [int(row.nonzero()[0, 0]) if row.any() else row.numel() for row in differs]
 
 
+def divergences(tokens: torch.Tensor, reference: torch.Tensor, reference_logits: torch.Tensor) -> list[dict | None]:
+    """Per sequence of ``reference`` [R, T] (greedy tokens), where ``tokens`` [>= R, T] first leaves it: ``step``,
+    ``margin`` (the reference's logit of its own token minus its logit of the token taken instead, >= 0: a margin
+    within the logits' rounding, 0.125 for bf16 logits between 16 and 32, is a near-tie that precision decides) and
+    ``top_logit`` (the reference's logit of its own token); None where the sequences agree.
+
+    Args:
+        reference_logits: [R, T, vocab], the reference's scores at each step (before logits processors).
+    """
+    found = []
+    for row, step in enumerate(leading_tokens_equal(tokens, reference)):
+        if step == reference.shape[1]:
+            found.append(None)
+            continue
+        scores = reference_logits[row, step].float()
+        mine, taken = int(reference[row, step]), int(tokens[row, step])
+        found.append({"step": step, "margin": float(scores[mine] - scores[taken]), "top_logit": float(scores[mine])})
+    return found
+
+
+def widest_margin(row: dict) -> str:
+    """``widest margin M at logit L``: of an elastic row's `divergences`, the one whose reference logits set the two
+    tokens farthest apart; empty where the row records none."""
+    found = [divergence for divergence in row.get("divergences") or [] if divergence]
+    if not found:
+        return ""
+    widest = max(found, key=lambda divergence: divergence["margin"])
+    return f"widest margin {widest['margin']:.3g} at logit {widest['top_logit']:.1f}"
+
+
 def cudagraph_skips() -> int:
     """How many compiled graphs Inductor has run without CUDA graphs in this process so far."""
     from torch._dynamo.utils import counters
@@ -277,13 +308,14 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
     ea.attach(model, config, backend="reference", cache="full", cuda_graphs=False)
     ea.load_router(model, router)
     try:
-        reference = timed_generate(model, ids[:checked], mask[:checked], args.new_tokens, pad_id)["tokens"]
+        reference = timed_generate(model, ids[:checked], mask[:checked], args.new_tokens, pad_id, output_logits=True)
     finally:
         ea.detach(model)
     for row in rows[len(dense):]:
-        row["leading_tokens_equal"] = leading_tokens_equal(row["tokens"], reference)
+        row["leading_tokens_equal"] = leading_tokens_equal(row["tokens"], reference["tokens"])
+        row["divergences"] = divergences(row["tokens"], reference["tokens"], reference["logits"])
         row["reference_rows_checked"] = checked
-        row["tokens_equal_reference"] = bool(torch.equal(reference, row["tokens"][:checked]))
+        row["tokens_equal_reference"] = bool(torch.equal(reference["tokens"], row["tokens"][:checked]))
     return rows
 
 
@@ -321,6 +353,8 @@ def markdown(result: dict) -> str:
         setup = setup_label(row)
         agreeing = row.get("leading_tokens_equal")
         agreeing = "-" if not agreeing else f"{min(agreeing)} of {result['new_tokens']}"
+        margin = widest_margin(row)
+        agreeing += f" ({margin})" if margin else ""
         setup += f" (run {row['run']})" if several_runs else ""
         lines.append(f"| {row['prompt_kind']} | {row['length']} | {row['batch']} | {row['mode']} | "
                      f"{setup} | {row['msr']:.2f} | {row['ttft_s']:.3f} | "

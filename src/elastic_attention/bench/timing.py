@@ -153,8 +153,9 @@ def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
     Returns:
         ``ttft_s`` (seconds to the first token: routing, prefill and its sampling), ``decode_s`` (seconds from the
         first token to the last), ``decode_tokens_per_s`` (B x further tokens over ``decode_s``),
-        ``peak_memory_bytes`` (CUDA; None elsewhere), ``kv_cache_bytes`` (what the cache holds at the end) and
-        ``tokens`` ([B, generated] on the CPU).
+        ``peak_memory_bytes`` (CUDA; None elsewhere), ``kv_cache_bytes`` (what the cache holds at the end),
+        ``tokens`` ([B, generated] on the CPU) and, when ``output_logits=True`` is passed on, ``logits`` ([B,
+        generated, vocab] on the model's device: each step's scores before any logits processor).
     """
     from elastic_attention.cache import cache_nbytes
 
@@ -172,6 +173,7 @@ def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
         "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device) if cuda else None,
         "kv_cache_bytes": cache_nbytes(output.past_key_values),
         "tokens": output.sequences[:, ids.shape[1]:].cpu(),
+        **({"logits": torch.stack(output.logits, dim=1)} if generate_kwargs.get("output_logits") else {}),
     }
 
 
