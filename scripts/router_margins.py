@@ -27,6 +27,11 @@ def margin_table(model, tokenizer, tasks: Sequence[str], length: int, samples: i
     from elastic_attention.evaluation.suites import suite_of
     from elastic_attention.integration import routers_of
 
+    from elastic_attention.router import HeadSetRouter
+
+    if any(isinstance(router, HeadSetRouter) for router in routers_of(model).values()):
+        raise SystemExit("this adapter's router chooses one head set per prompt (head_set_choices): the margins here "
+                         "are between a KV head's two classes, which it does not have")
     margins: dict[int, torch.Tensor] = {}
 
     def record(index):

@@ -2,8 +2,9 @@
 
 An adapter folder holds ``elastic_config.json`` (the ElasticConfig and the shape of the model it was trained on)
 and ``router.safetensors`` (keys ``layers.{i}.task_mlp.*`` and ``layers.{i}.router_mlp.*``; a standardizing
-router adds ``layers.{i}.feature_mean``, ``layers.{i}.feature_scale`` and ``layers.{i}.head_bias``, and one with
-pinned heads ``layers.{i}.pinned_sparse``, 1.0 for each KV head it always sends to sparse attention).
+router adds ``layers.{i}.feature_mean``, ``layers.{i}.feature_scale`` and ``layers.{i}.head_bias``, one with
+pinned heads ``layers.{i}.pinned_sparse``, 1.0 for each KV head it always sends to sparse attention, and a
+`HeadSetRouter` ``layers.{i}.head_sets``, [choices, routed layers, KV heads], 1.0 where a set runs full attention).
 """
 
 from __future__ import annotations

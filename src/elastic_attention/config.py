@@ -43,6 +43,9 @@ class ElasticConfig:
         routed_layers: indices of the decoder layers that carry a router; ``None``: every full-attention layer.
             Unrouted full-attention layers run full attention; a model's sliding-window layers keep its own
             attention.
+        head_set_choices: ``None`` (the paper): one router per routed layer decides each KV head. C >= 2: one
+            `HeadSetRouter`, in the first routed layer, chooses per prompt which of C head sets runs full attention
+            (the sets travel with its weights).
     """
 
     configuration: str = "fa-ssa"
@@ -56,6 +59,7 @@ class ElasticConfig:
     router_width: int = 4
     router_standardize: bool = False
     routed_layers: tuple[int, ...] | None = None
+    head_set_choices: int | None = None
 
     def __post_init__(self) -> None:
         if self.configuration not in CONFIGURATIONS:
@@ -95,6 +99,8 @@ class ElasticConfig:
             if len(set(layers)) != len(layers) or not layers:
                 raise ConfigError(f"`routed_layers` must be a non-empty list of distinct indices, got {layers}")
             object.__setattr__(self, "routed_layers", tuple(sorted(layers)))
+        if self.head_set_choices is not None:
+            _require_int("head_set_choices", self.head_set_choices, minimum=2)
 
     @property
     def retrieval_mode(self) -> str:

@@ -105,13 +105,15 @@ def reference_fields(config: ElasticConfig, model_type: str) -> dict[str, Any]:
     """Their config fields (and architecture) for a model attached with ``config``.
 
     Raises:
-        ConfigError: a setting their evaluation would not reproduce (named): standardized router inputs, pooling
-            other than 100 + 100 tokens, blocks other than 128, XA settings other than stride 16 and threshold 0.8
-            where XA heads run, a subset of routed layers, a family without their model class.
+        ConfigError: a setting their evaluation would not reproduce (named): standardized router inputs, a head-set
+            router, pooling other than 100 + 100 tokens, blocks other than 128, XA settings other than stride 16 and
+            threshold 0.8 where XA heads run, a subset of routed layers, a family without their model class.
     """
     problems = []
     if config.router_standardize:
         problems.append("router_standardize: true (their router has no input standardization)")
+    if config.head_set_choices:
+        problems.append(f"head_set_choices {config.head_set_choices} (their routers decide each KV head)")
     if (config.pool_first, config.pool_last) != (POOL_TOKENS, POOL_TOKENS):
         problems.append(f"pool_first/pool_last {config.pool_first}/{config.pool_last} (theirs: 100/100)")
     if config.block_size != BLOCK_SIZE:

@@ -30,7 +30,7 @@ from elastic_attention.integration.attention_function import (
     elastic_attention_forward,
 )
 from elastic_attention.integration.runtime import ElasticRuntime
-from elastic_attention.router import AttentionRouter
+from elastic_attention.router import AttentionRouter, HeadSetRouter
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ def attach(
 ) -> nn.Module:
     """Attach Elastic Attention to a Hugging Face decoder, in place.
 
-    Adds one `AttentionRouter` per routed layer (as ``<attention module>.elastic_router``), freezes the backbone
+    Adds one `AttentionRouter` per routed layer (as ``<attention module>.elastic_router``; with
+    ``config.head_set_choices`` one `HeadSetRouter`, in the first routed layer), freezes the backbone
     (the routers are the only trainable parameters), and switches the model to the ``"elastic_attention"``
     attention implementation.
 
@@ -130,14 +131,20 @@ def attach(
         parameter.requires_grad_(False)
 
     routers = {}
-    for index in routed:
+    for index in routed[:1] if config.head_set_choices else routed:  # a head-set router sits in the first layer
         reference = getattr(modules[index], family.key_source).weight
-        kv_heads = num_kv_heads if config.router_standardize else None
-        router = AttentionRouter(head_dim, config.router_width, kv_heads).to(reference.device).train(model.training)
+        if config.head_set_choices:
+            router = HeadSetRouter(head_dim, config.router_width, num_kv_heads, config.head_set_choices, len(routed),
+                                   standardize=config.router_standardize)
+        else:
+            router = AttentionRouter(head_dim, config.router_width,
+                                     num_kv_heads if config.router_standardize else None)
+        router = router.to(reference.device).train(model.training)
         modules[index].add_module(ROUTER_ATTRIBUTE, router)
         routers[index] = router
     runtime = ElasticRuntime(
-        config, family, attention_backend, routers, num_kv_heads, head_dim, num_layers=len(modules), cache_kind=cache,
+        config, family, attention_backend, routers, routed, num_kv_heads, head_dim, num_layers=len(modules),
+        cache_kind=cache,
         sliding_window=getattr(model.config, "sliding_window", None) if "sliding" in kinds else None,
         sliding_layers=frozenset(index for index, kind in enumerate(kinds) if kind == "sliding"),
         softcap=softcap, has_sinks=family.attention_sinks, model_window=window, cuda_graphs=cuda_graphs,
@@ -232,7 +239,8 @@ def is_attached(model: nn.Module) -> bool:
 
 
 def routers_of(model: nn.Module) -> dict[int, AttentionRouter]:
-    """Layer index -> router of an attached model."""
+    """Layer index -> router of an attached model (with ``head_set_choices``: the first routed layer's
+    `HeadSetRouter` alone)."""
     return dict(runtime_of(model).routers)
 
 

@@ -1,7 +1,8 @@
 """`ModelRouting`: the routers of one attached model and what they decided for the current prompt.
 
 A prefill routes every routed layer once, from that layer's pre-RoPE keys (`route`); the decisions are kept for the
-decode steps that follow, reordered with the batch (`select_sequences`). Routing can be forced (every head full or
+decode steps that follow, reordered with the batch (`select_sequences`). With a `HeadSetRouter` the first routed
+layer's keys choose one head set per prompt, and every routed layer takes that set's heads. Routing can be forced (every head full or
 sparse, or a fixed head set) instead of asking the routers. In train mode each layer draws its Gumbel noise from a
 seed taken once per forward, so a layer recomputed in the backward pass (gradient checkpointing) routes the same.
 """
@@ -22,22 +23,26 @@ class ModelRouting:
 
     Args:
         config: the attached configuration (pooling spans; which mode streams).
-        routers: layer index -> router, for the routed layers.
+        routers: layer index -> router, for the routed layers (a `HeadSetRouter`: the first routed layer only).
+        routed_layers: the routed layers, ascending.
         num_kv_heads: Hkv.
 
     Attributes:
         forced: None (the routers decide), or [routed layers, Hkv] bool, True = full attention for every sequence.
         decisions: layer index -> [N, Hkv] float32 decisions of the last prefill (1.0 = retrieval; carries the
             straight-through gradient in training).
+        choice: with a `HeadSetRouter`, [N, C] the last prefill's one-hot choice of head set (None otherwise).
     """
 
-    def __init__(self, config: ElasticConfig, routers: dict[int, AttentionRouter], num_kv_heads: int) -> None:
+    def __init__(self, config: ElasticConfig, routers: dict[int, AttentionRouter], routed_layers: tuple[int, ...],
+                 num_kv_heads: int) -> None:
         self.config = config
         self.routers = routers
-        self.routed_layers = tuple(sorted(routers))
+        self.routed_layers = tuple(routed_layers)
         self.num_kv_heads = num_kv_heads
         self.forced: torch.Tensor | None = None
         self.decisions: dict[int, torch.Tensor] = {}
+        self.choice: torch.Tensor | None = None
         self._prompt_lengths: list[int] | None = None
         self._noise_seed: int | None = None
         self._noise_source: torch.Generator | None = None
@@ -47,6 +52,7 @@ class ModelRouting:
         """Forget the previous prompt's decisions; pool only each sequence's first ``prompt_lengths`` tokens (None:
         all of them) and draw this forward's noise from ``noise_seed`` (None: torch's global generator)."""
         self.decisions = {}
+        self.choice = None
         self._noise_seeds = {}
         self._prompt_lengths, self._noise_seed, self._noise_source = prompt_lengths, noise_seed, None
 
@@ -76,12 +82,22 @@ class ModelRouting:
         if self.forced is not None:
             z = self.forced[self.routed_layers.index(layer_index)].to(keys.device, torch.float32)
             z = z.expand(layout.num_sequences, -1)
+        elif self.config.head_set_choices:
+            router = self.routers[self.routed_layers[0]]
+            if layer_index == self.routed_layers[0]:
+                self.choice = self._ask(router, layer_index, keys, layout)
+            elif self.choice is None:
+                raise InputError(f"layer {layer_index} routes before the first routed layer chose a head set")
+            z = router.decisions(self.choice, self.routed_layers.index(layer_index))
         else:
-            router = self.routers[layer_index]
-            pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self._prompt_lengths)
-            z = router(pooled, generator=self._noise_generator(layer_index, keys.device) if router.training else None)
+            z = self._ask(self.routers[layer_index], layer_index, keys, layout)
         self.decisions[layer_index] = z
         return z
+
+    def _ask(self, router: AttentionRouter, layer_index: int, keys: torch.Tensor, layout: SequenceLayout):
+        """The router's output for this prefill's sequences, from the layer's pooled keys."""
+        pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self._prompt_lengths)
+        return router(pooled, generator=self._noise_generator(layer_index, keys.device) if router.training else None)
 
     def streaming(self, z: torch.Tensor) -> torch.Tensor:
         """[N, Hkv] bool: the heads that stream (SSA keeps its sink and window; XA heads read every block)."""
@@ -101,6 +117,8 @@ class ModelRouting:
         """Keep the decisions of the sequences at ``index`` ([N'] int64, repeats allowed), in that order: what a
         cache that was reordered (beam search), repeated or trimmed along the batch needs for its later steps."""
         self.decisions = {layer: z.index_select(0, index.to(z.device)) for layer, z in self.decisions.items()}
+        if self.choice is not None:
+            self.choice = self.choice.index_select(0, index.to(self.choice.device))
 
     def report(self, layout: SequenceLayout, sparsity: dict[int, torch.Tensor]) -> RoutingReport:
         """The `RoutingReport` of the last prefill, given each routed layer's ESR per sequence ([N] each)."""

@@ -82,6 +82,7 @@ class ElasticRuntime:
         family: FamilySpec,
         backend: AttentionBackend,
         routers: dict[int, AttentionRouter],
+        routed_layers: tuple[int, ...],
         num_kv_heads: int,
         head_dim: int,
         num_layers: int,
@@ -102,7 +103,7 @@ class ElasticRuntime:
         self.family = family
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.routing = ModelRouting(config, routers, num_kv_heads)
+        self.routing = ModelRouting(config, routers, routed_layers, num_kv_heads)
         self.softcap = softcap
         self.has_sinks = has_sinks
         self.model_window = model_window

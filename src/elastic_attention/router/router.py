@@ -26,9 +26,10 @@ class AttentionRouter(nn.Module):
         head_dim: D, the width of one key head.
         width: hidden width multiplier (hidden = width * D).
         num_kv_heads: Hkv for a standardizing router; ``None`` for the paper's router.
+        classes: logits per head: 2 (sparse, full) for a per-head router; a `HeadSetRouter` gives one per head set.
     """
 
-    def __init__(self, head_dim: int, width: int = 4, num_kv_heads: int | None = None) -> None:
+    def __init__(self, head_dim: int, width: int = 4, num_kv_heads: int | None = None, classes: int = 2) -> None:
         super().__init__()
         hidden = width * head_dim
         self.head_dim = head_dim
@@ -36,14 +37,14 @@ class AttentionRouter(nn.Module):
         if num_kv_heads is not None:
             self.register_buffer("feature_mean", torch.zeros(num_kv_heads, head_dim))
             self.register_buffer("feature_scale", torch.ones(num_kv_heads))
-            self.head_bias = nn.Parameter(torch.zeros(num_kv_heads, 2))
+            self.head_bias = nn.Parameter(torch.zeros(num_kv_heads, classes))
         self.task_mlp = nn.Sequential(nn.Linear(head_dim, hidden), nn.SiLU(), nn.Linear(hidden, head_dim))
         self.router_mlp = nn.Sequential(
             nn.Linear(head_dim, hidden),
             nn.SiLU(),
             nn.Linear(hidden, head_dim),
             nn.SiLU(),
-            nn.Linear(head_dim, 2),
+            nn.Linear(head_dim, classes),
         )
         self.temperature = 1.0
         self.margin_limit: float | None = None  # training only, see `straight_through_decision`
@@ -145,7 +146,7 @@ class AttentionRouter(nn.Module):
             pooled_keys: [N, Hkv, D] pooled key states.
 
         Returns:
-            [N, Hkv, 2] float32 logits.
+            [N, Hkv, classes] float32 logits.
         """
         weight_dtype = self.router_mlp[0].weight.dtype
         if self.num_kv_heads is None:

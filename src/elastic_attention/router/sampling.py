@@ -1,4 +1,5 @@
-"""Straight-through hard Gumbel-softmax over the router's two classes."""
+"""Straight-through hard Gumbel-softmax: over a router's two classes, or over the head sets a `HeadSetRouter`
+chooses among."""
 
 from __future__ import annotations
 
@@ -46,4 +47,22 @@ def straight_through_decision(
     perturbed = logits if noise is None else logits + noise
     soft = torch.softmax(perturbed / temperature, dim=-1)[..., 1]
     hard = (perturbed[..., 1] > perturbed[..., 0]).to(soft.dtype)
+    return hard + (soft - soft.detach())
+
+
+def straight_through_one_hot(logits: torch.Tensor, temperature: float, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Hard one-hot choice forward, softmax gradient backward, over the last axis.
+
+    Args:
+        logits: [..., C] float logits of C choices.
+        temperature: softmax temperature; it scales the gradient only (the forward is a hard argmax).
+        noise: [..., C] Gumbel noise added to the logits, or None for a noiseless choice.
+
+    Returns:
+        [..., C] float32, exactly one-hot at the argmax of ``logits + noise`` in the forward pass, whose gradient is
+        that of softmax((logits + noise) / temperature).
+    """
+    perturbed = logits.float() if noise is None else logits.float() + noise
+    soft = torch.softmax(perturbed / temperature, dim=-1)
+    hard = torch.nn.functional.one_hot(perturbed.argmax(dim=-1), perturbed.shape[-1]).to(soft.dtype)
     return hard + (soft - soft.detach())

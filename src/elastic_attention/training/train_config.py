@@ -14,7 +14,7 @@ from elastic_attention.adapters import WEIGHTS_FILE as ADAPTER_WEIGHTS
 from elastic_attention.adapters import read_adapter_config
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import AdapterMismatchError, ConfigError
-from elastic_attention.head_sets import load_head_set
+from elastic_attention.head_sets import load_head_set, read_head_sets
 from elastic_attention.router.temperature import TemperatureSchedule
 from elastic_attention.training.config_io import (
     build_section,
@@ -120,6 +120,11 @@ class TrainConfig:
             every input (`AttentionRouter.pin_sparse`; the adapter keeps the pins): the routers choose per input
             only among the set's heads, so an input that needs them keeps at most the searched set and one that
             does not can drop all of it.
+        head_set_choices_msrs: with ``elastic.head_set_choices`` C, the C head sets the `HeadSetRouter` chooses
+            among, as MSRs of ``initial_full_heads`` (sets it kept, or points of its greedy path; 1.0 is every head
+            sparse): e.g. ``[0.5, 0.6, 0.7, 0.8, 1.0]``. With ``initial_full_probability`` the set with the most
+            full heads starts at that probability. Not with ``initial_full_heads_msr``, ``sparse_outside_initial_heads``
+            or ``margin_limit`` (which act on per-head routers).
         initial_router: a router adapter folder (`save_router`'s, e.g. a finished run's ``router/``) to start from:
             its weights, input statistics and pins replace the routers' initialization (no calibration), so a run
             can continue where an earlier one's adapter left off. The optimizer's state and the objective's
@@ -159,6 +164,7 @@ class TrainConfig:
     initial_full_heads: str | None = None
     initial_full_heads_msr: float | None = None
     sparse_outside_initial_heads: bool = False
+    head_set_choices_msrs: list[float] | None = None
     initial_router: str | None = None
     checkpoint_every: int = 0
     seed: int = 0
@@ -199,7 +205,9 @@ class TrainConfig:
             raise ConfigError(
                 f"`initial_full_probability` must be in (0, 1) or null, got {self.initial_full_probability}"
             )
-        if self.initial_full_heads is not None:
+        if self.elastic.get("head_set_choices") or self.head_set_choices_msrs is not None:
+            self._check_head_set_choices()
+        elif self.initial_full_heads is not None:
             if self.initial_full_probability is None:
                 raise ConfigError("`initial_full_heads` needs `initial_full_probability`: the P(full) its heads start "
                                   "at (the others start at 1 minus it), e.g. 0.9")
@@ -239,6 +247,45 @@ class TrainConfig:
                 raise ConfigError("`initial_router` starts the routers from an adapter, `initial_full_probability` and "
                                   "`initial_full_heads` from a bias: set one of them (null the others)")
             self._check_initial_router()
+
+    def _check_head_set_choices(self) -> None:
+        """``elastic.head_set_choices`` and ``head_set_choices_msrs`` agree, and the sets load."""
+        choices = self.elastic.get("head_set_choices")
+        if self.head_set_choices_msrs is None:
+            if self.initial_router is None:
+                raise ConfigError(f"`elastic.head_set_choices: {choices}` needs the sets to choose among: "
+                                  "`head_set_choices_msrs` (MSRs of the `initial_full_heads` file) or an "
+                                  "`initial_router` that carries them")
+            return
+        msrs = list(self.head_set_choices_msrs)
+        if choices != len(msrs):
+            raise ConfigError(f"`head_set_choices_msrs` lists {len(msrs)} sets but `elastic.head_set_choices` is "
+                              f"{choices!r}: set it to {len(msrs)}")
+        clashing = [name for name, value in (("initial_full_heads_msr", self.initial_full_heads_msr),
+                                             ("sparse_outside_initial_heads", self.sparse_outside_initial_heads),
+                                             ("margin_limit", self.margin_limit),
+                                             ("initial_router", self.initial_router)) if value]
+        if clashing:
+            raise ConfigError(f"`head_set_choices_msrs` builds the sets of a head-set router; {', '.join(clashing)} "
+                              "acts on per-head routers or another start: null it")
+        if self.initial_full_heads is None:
+            raise ConfigError("`head_set_choices_msrs` takes its sets from `initial_full_heads`: give the head-set "
+                              "file (the --out file of scripts/head_set_search.py)")
+        self.head_set_choices()
+
+    def head_set_choices(self) -> torch.Tensor | None:
+        """[C, routed layers, Hkv] bool, the sets of ``head_set_choices_msrs`` (True = full attention), or ``None``."""
+        if self.head_set_choices_msrs is None:
+            return None
+        sets = read_head_sets(self.initial_full_heads, option="initial_full_heads")
+        chosen = []
+        for msr in self.head_set_choices_msrs:
+            check_number(msr, "head_set_choices_msrs[*]")
+            if not 0.0 <= msr <= 1.0:
+                raise ConfigError(f"`head_set_choices_msrs` must hold MSRs in [0, 1], got {msr}")
+            chosen.append(torch.zeros(sets.shape, dtype=torch.bool) if msr == 1.0
+                          else sets.at(msr, msr_option="head_set_choices_msrs"))
+        return torch.stack(chosen)
 
     def _check_initial_router(self) -> None:
         """The adapter of ``initial_router`` exists and was trained with this run's ``elastic`` settings."""

@@ -87,6 +87,9 @@ class RouterTrainer:
             router.float()
         if config.initial_router is not None:  # before sharding; a resumed run's checkpoint replaces it
             load_router(model, config.initial_router)  # its elastic settings are this run's (TrainConfig checks)
+        choices = config.head_set_choices()
+        if choices is not None:  # before sharding; a resumed run's checkpoint replaces them
+            routers[min(routers)].set_head_sets(choices.to(self.device))
         if config.initial_full_probability is not None:  # before sharding; a resumed run's checkpoint replaces it
             self._set_initial_routing([routers[index] for index in sorted(routers)])
         if config.gradient_checkpointing:
@@ -123,10 +126,10 @@ class RouterTrainer:
     def _set_initial_routing(self, routers: list) -> None:
         """Start every router at ``initial_full_probability``, or, with ``initial_full_heads``, its set's heads at
         that P(full) and the other heads at 1 minus it (pinned to sparse attention with
-        ``sparse_outside_initial_heads``)."""
+        ``sparse_outside_initial_heads``); a head-set router chooses its fullest set with that probability."""
         probability = self.config.initial_full_probability
-        head_set = self.config.initial_head_set()
-        if head_set is None:
+        head_set = None if self.config.head_set_choices_msrs is not None else self.config.initial_head_set()
+        if head_set is None:  # a head-set router: its fullest set at that probability
             for router in routers:
                 router.set_full_probability(probability)
             return

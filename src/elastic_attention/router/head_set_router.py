@@ -1,0 +1,98 @@
+"""`HeadSetRouter`: one decision per prompt, which of a few fixed head sets runs full attention.
+
+The paper's routers decide every KV head on its own. A head-set router decides once per prompt, in the first routed
+layer, among C head sets ([C, routed layers, Hkv], True = full attention) that come with it: typically points of a
+greedy search's path (`head_sets.HeadSets`), nested, from "the searched set" to "every head sparse". A prompt that
+needs the searched heads keeps them all, in the order the search ranked them; one that needs none drops them all.
+What it cannot do is drop a head the search ranked above one it keeps, which a per-head router trained on few steps
+does (benchmarks/results/real_model_1.5b_table_2026-12-04.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from elastic_attention.router.router import AttentionRouter
+from elastic_attention.router.sampling import gumbel_noise, straight_through_one_hot
+
+
+class HeadSetRouter(AttentionRouter):
+    """The network of `AttentionRouter` with one logit per head set: the pooled keys of each KV head of the first
+    routed layer give C logits, averaged over the heads into the prompt's logits.
+
+    Args:
+        head_dim: D.
+        width: hidden width multiplier.
+        num_kv_heads: Hkv of the model.
+        choices: C, the head sets to choose among (at least 2).
+        routed_layers: R, the layers the sets cover.
+        standardize: centre and scale the pooled keys per KV head (as ``router_standardize``).
+
+    Buffers:
+        head_sets: [C, R, Hkv] float32, 1.0 where a set runs full attention (`set_head_sets`); saved with the
+            router, so an adapter carries its sets.
+    """
+
+    def __init__(self, head_dim: int, width: int, num_kv_heads: int, choices: int, routed_layers: int,
+                 standardize: bool = False) -> None:
+        if choices < 2:
+            raise ValueError(f"a head-set router chooses among at least 2 sets, got {choices}")
+        super().__init__(head_dim, width, num_kv_heads if standardize else None, classes=choices)
+        self.choices = choices
+        self.register_buffer("head_sets", torch.zeros(choices, routed_layers, num_kv_heads))
+
+    @torch.no_grad()
+    def set_head_sets(self, head_sets: torch.Tensor) -> None:
+        """Set the C head sets ([C, R, Hkv] bool, True = full attention)."""
+        if tuple(head_sets.shape) != tuple(self.head_sets.shape):
+            raise ValueError(f"head sets must be {list(self.head_sets.shape)} ([choices, routed layers, KV heads]), "
+                             f"got {list(head_sets.shape)}")
+        self.head_sets.copy_(head_sets.to(torch.bool).float())
+
+    @torch.no_grad()
+    def set_full_probability(self, probability: float | torch.Tensor) -> None:
+        """Bias the router so that, before any training, the set with the most full heads is chosen with
+        ``probability`` and each other set with an equal share of the rest."""
+        probability = float(probability)
+        if not 0 < probability < 1:
+            raise ValueError(f"probability must be in (0, 1), got {probability}")
+        fullest = int(self.head_sets.sum(dim=(1, 2)).argmax())
+        bias = torch.full((self.choices,), math.log((1 - probability) / (self.choices - 1)))
+        bias[fullest] = math.log(probability)
+        self.router_mlp[-1].bias.copy_(bias)
+        if self.num_kv_heads is not None:
+            self.head_bias.zero_()
+
+    def pin_sparse(self, heads: torch.Tensor | None) -> None:
+        if heads is not None and bool(torch.as_tensor(heads).any()):
+            raise ValueError("a head-set router takes no pins: a head outside every set is never full")
+
+    def choice_logits(self, pooled_keys: torch.Tensor) -> torch.Tensor:
+        """[N, C] float32: each prompt's logits over the sets, from its pooled keys [N, Hkv, D]."""
+        return self.logits(pooled_keys).mean(dim=1)
+
+    def forward(self, pooled_keys: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The chosen set per prompt.
+
+        In training mode: a hard Gumbel-softmax choice with a straight-through gradient at ``self.temperature``; in
+        eval mode: the argmax, no noise.
+
+        Args:
+            pooled_keys: [N, Hkv, D] the first routed layer's pooled keys.
+            generator: random generator for the Gumbel noise (training only).
+
+        Returns:
+            [N, C] float32 one-hot choices (differentiable through the straight-through estimator in training).
+        """
+        logits = self.choice_logits(pooled_keys)
+        if not self.training:
+            return torch.nn.functional.one_hot(logits.argmax(dim=-1), self.choices).float()
+        noise = gumbel_noise(logits.shape, device=logits.device, generator=generator)
+        return straight_through_one_hot(logits, self.temperature, noise)
+
+    def decisions(self, choice: torch.Tensor, position: int) -> torch.Tensor:
+        """[N, Hkv] float32 decisions of the ``position``-th routed layer (1.0 = full attention) under ``choice``
+        ([N, C], from `forward`): the chosen set's heads, with the choice's gradient."""
+        return choice @ self.head_sets[:, position]

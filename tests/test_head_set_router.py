@@ -1,0 +1,147 @@
+"""`HeadSetRouter` (``ElasticConfig.head_set_choices``): one choice per prompt among fixed head sets, taken from the
+first routed layer's keys and applied in every routed layer; its straight-through choice, its adapter, and training
+it from a head-set file."""
+
+import json
+
+import pytest
+import torch
+from conftest import per_sample_routers, tiny_model
+from safetensors.torch import load_file
+from test_training import write_config
+
+import elastic_attention as ea
+from elastic_attention.errors import ConfigError
+from elastic_attention.reference_format import reference_fields
+from elastic_attention.router.sampling import gumbel_noise, straight_through_one_hot
+from elastic_attention.training import RouterTrainer, TrainConfig
+
+CONFIG = ea.ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4, head_set_choices=3)
+#: Three sets of a 3-layer, 2-KV-head model: all full, three heads full, all sparse.
+SETS = torch.tensor([[[1, 1], [1, 1], [1, 1]], [[1, 0], [0, 1], [1, 0]], [[0, 0], [0, 0], [0, 0]]], dtype=torch.bool)
+
+
+def test_straight_through_one_hot_is_the_argmax_forward_and_the_softmax_gradient_backward():
+    logits = torch.randn(5, 4, dtype=torch.float32, requires_grad=True)
+    noise = gumbel_noise(logits.shape, device=torch.device("cpu"), generator=torch.Generator().manual_seed(3))
+    weights = torch.randn(5, 4)
+    choice = straight_through_one_hot(logits, 0.7, noise)
+    assert torch.equal(choice.detach(), torch.nn.functional.one_hot((logits + noise).argmax(-1), 4).float())
+    (choice * weights).sum().backward()
+    expected_logits = logits.detach().clone().requires_grad_(True)
+    (torch.softmax((expected_logits + noise) / 0.7, -1) * weights).sum().backward()
+    torch.testing.assert_close(logits.grad, expected_logits.grad)
+
+
+def _attached(seed=0):
+    model = tiny_model("llama", layers=3, seed=seed)
+    ea.attach(model, CONFIG, backend="reference")
+    (router,) = ea.routers_of(model).values()
+    router.set_head_sets(SETS)
+    per_sample_routers(model)
+    return model, router
+
+
+def _route(model, router, ids):
+    """(decisions [N, layers, Hkv], the choices an independent reading of the router's logits makes)."""
+    pooled = []
+    hook = router.register_forward_pre_hook(lambda module, args: pooled.append(args[0]))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        expected = router.logits(pooled[0]).mean(dim=1).argmax(dim=-1)  # [N, Hkv, C] averaged over the heads
+    return ea.routing_report(model).decisions, expected
+
+
+def test_each_prompt_takes_one_set_in_every_routed_layer_whatever_its_batch():
+    model, router = _attached()
+    assert list(ea.routers_of(model)) == [0]  # one router, in the first routed layer
+    ids = torch.randint(3, 90, (6, 40), generator=torch.Generator().manual_seed(5))
+    decisions, expected = _route(model, router, ids)
+    assert len(set(expected.tolist())) > 1  # the prompts do not all choose alike
+    for row, choice in enumerate(expected.tolist()):
+        assert torch.equal(decisions[row], SETS[choice])
+        alone, _ = _route(model, router, ids[row : row + 1])
+        assert torch.equal(alone[0], SETS[choice])
+    report = ea.routing_report(model)
+    assert report.layers == (0, 1, 2)
+
+
+def test_an_adapter_carries_the_sets_and_routes_the_same(tmp_path):
+    model, router = _attached()
+    ids = torch.randint(3, 90, (6, 40), generator=torch.Generator().manual_seed(5))
+    decisions, _ = _route(model, router, ids)
+    ea.save_router(model, tmp_path / "adapter")
+    assert load_file(tmp_path / "adapter" / "router.safetensors")["layers.0.head_sets"].bool().equal(SETS)
+    fresh = tiny_model("llama", layers=3)
+    ea.load_router(fresh, tmp_path / "adapter", backend="reference")
+    (loaded,) = ea.routers_of(fresh).values()
+    assert torch.equal(_route(fresh, loaded, ids)[0], decisions)
+    with pytest.raises(ConfigError, match="head_set_choices 3 \\(their routers decide each KV head\\)"):
+        reference_fields(CONFIG, "llama")
+    with pytest.raises(ValueError, match="takes no pins"):
+        loaded.pin_sparse(torch.tensor([True, False]))
+
+
+def write_search(path, shape_path):
+    """A head-set file of a 2-layer, 2-KV-head model: the kept set at MSR 0.5 and a greedy path of three heads."""
+    path.write_text(json.dumps({"sets": [{"msr_asked": 0.5, "full_heads": [[True, False], [False, True]]}],
+                                "path": shape_path}))
+    return path
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient_checkpointing"])
+def test_a_run_trains_a_head_set_router_from_a_search_file(tmp_path, random_suite_backbone, checkpointing):
+    """Oracle: the sets worked out by hand from the file's path; the first choice's probability read from the
+    router's bias; after training, every sample of every pack runs one of the sets, and the adapter carries them.
+    With gradient checkpointing the later layers' decisions reach the choice made in a recomputed first layer."""
+    search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
+    elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3}
+    config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "run", elastic=elastic, steps=3,
+                                                checkpoint_every=0, initial_full_heads=str(search),
+                                                head_set_choices_msrs=[0.0, 0.75, 1.0], initial_full_probability=0.8,
+                                                gradient_checkpointing=checkpointing))
+    sets = torch.tensor([[[True, True], [True, True]], [[False, False], [False, True]],
+                         [[False, False], [False, False]]])
+    assert torch.equal(config.head_set_choices(), sets)
+    trainer = RouterTrainer(config, progress=False)
+    trainer.setup()
+    (router,) = ea.routers_of(trainer.model).values()
+    torch.testing.assert_close(torch.softmax(router.router_mlp[-1].bias.detach().double(), -1),
+                               torch.tensor([0.8, 0.1, 0.1], dtype=torch.float64))
+    before = [parameter.detach().clone() for parameter in router.parameters()]
+    trainer.finish(trainer.train())
+    assert any(not torch.equal(old, new) for old, new in zip(before, router.parameters()))
+    saved = load_file(tmp_path / "run" / "router" / "router.safetensors")
+    assert saved["layers.0.head_sets"].bool().equal(sets)
+    from elastic_attention.training.trainer import forward_pack
+
+    model = trainer.model.eval()
+    with torch.no_grad():
+        for pack in trainer.packs:
+            forward_pack(model, pack, torch.device("cpu"), logits_to_keep=1)
+            for decisions in ea.routing_report(model).decisions:
+                assert any(torch.equal(decisions, head_set) for head_set in sets)
+
+
+def test_head_set_choice_errors_name_the_fix(tmp_path):
+    search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
+    choices = {"head_set_choices": 3}
+    with pytest.raises(ConfigError, match="needs the sets to choose among: `head_set_choices_msrs`"):
+        TrainConfig(model="m", elastic=choices)
+    with pytest.raises(ConfigError, match="lists 2 sets but `elastic.head_set_choices` is 3: set it to 2"):
+        TrainConfig(model="m", elastic=choices, initial_full_heads=str(search), head_set_choices_msrs=[0.0, 1.0])
+    with pytest.raises(ConfigError, match="lists 3 sets but `elastic.head_set_choices` is None"):
+        TrainConfig(model="m", initial_full_heads=str(search), head_set_choices_msrs=[0.0, 0.5, 1.0])
+    with pytest.raises(ConfigError, match="takes its sets from `initial_full_heads`"):
+        TrainConfig(model="m", elastic=choices, head_set_choices_msrs=[0.0, 0.5, 1.0])
+    with pytest.raises(ConfigError, match="margin_limit acts on per-head routers"):
+        TrainConfig(model="m", elastic=choices, initial_full_heads=str(search), head_set_choices_msrs=[0.0, 0.5, 1.0],
+                    margin_limit=4.0)
+    with pytest.raises(ConfigError, match="`head_set_choices_msrs` 0.9 is not among the sets"):
+        TrainConfig(model="m", elastic=choices, initial_full_heads=str(search), head_set_choices_msrs=[0.0, 0.9, 1.0])
+    with pytest.raises(ConfigError, match="`head_set_choices` must be at least 2"):
+        ea.ElasticConfig(head_set_choices=1)
