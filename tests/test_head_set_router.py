@@ -99,7 +99,8 @@ def test_a_run_trains_a_head_set_router_from_a_search_file(tmp_path, random_suit
     router's bias; after training, every sample of every pack runs one of the sets, and the adapter carries them.
     With gradient checkpointing the later layers' decisions reach the choice made in a recomputed first layer."""
     search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
-    elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3}
+    elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3,
+               "router_standardize": True}
     config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "run", elastic=elastic, steps=3,
                                                 checkpoint_every=0, initial_full_heads=str(search),
                                                 head_set_choices_msrs=[0.0, 0.75, 1.0], initial_full_probability=0.8,
