@@ -2,9 +2,10 @@
 
 A prefill routes every routed layer once, from that layer's pre-RoPE keys (`route`); the decisions are kept for the
 decode steps that follow, reordered with the batch (`select_sequences`). With a `HeadSetRouter` the first routed
-layer's keys choose one head set per prompt, and every routed layer takes that set's heads. Routing can be forced (every head full or
-sparse, or a fixed head set) instead of asking the routers. In train mode each layer draws its Gumbel noise from a
-seed taken once per forward, so a layer recomputed in the backward pass (gradient checkpointing) routes the same.
+layer's keys choose one head set per prompt, and every routed layer takes that set's heads. Routing can be forced
+(every head full or sparse, or a fixed head set) instead of asking the routers. In train mode each layer draws its
+Gumbel noise from a seed taken once per forward, so a layer recomputed in the backward pass (gradient
+checkpointing) routes the same.
 """
 
 from __future__ import annotations

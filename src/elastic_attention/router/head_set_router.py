@@ -66,6 +66,7 @@ class HeadSetRouter(AttentionRouter):
             self.head_bias.zero_()
 
     def pin_sparse(self, heads: torch.Tensor | None) -> None:
+        """Refuse pins (`AttentionRouter.pin_sparse`): the sets alone say which heads can be full."""
         if heads is not None and bool(torch.as_tensor(heads).any()):
             raise ValueError("a head-set router takes no pins: a head outside every set is never full")
 
