@@ -142,3 +142,53 @@ def test_set_compile_decode_changes_the_setting_of_an_attached_model_only():
     with pytest.raises(ConfigError, match="got 'sometimes'"):
         set_compile_decode(model, "sometimes")
     assert model.forward.compile_policy.setting is True
+
+
+def test_compile_prefill_compiles_the_layers_of_no_grad_eval_calls_only(monkeypatch):
+    """A spy in place of `compiled`: entered for a no-grad eval-mode forward with ``compile_prefill``, never with
+    gradients on, in train mode or without the option."""
+    from contextlib import contextmanager
+
+    from elastic_attention.integration import decode_graph
+
+    entered = []
+
+    @contextmanager
+    def spy(modules):
+        entered.append(len(modules))
+        yield
+
+    monkeypatch.setattr(decode_graph, "compiled", spy)
+    ids = torch.randint(3, 90, (2, 20))
+    for compile_prefill in (True, False):
+        model = tiny_model("llama")
+        attach(model, CONFIG, backend="reference", compile_prefill=compile_prefill)
+        with torch.no_grad():
+            model(input_ids=ids)
+        model(input_ids=ids)  # gradients on
+        model.train()
+        with torch.no_grad():
+            model(input_ids=ids)
+    assert entered == [2]  # once: the first call of the model that compiles, over its two decoder layers
+
+
+@pytest.mark.slow
+def test_compiled_prefill_gives_the_uncompiled_logits_and_routing_at_any_length():
+    """Three prompt lengths (the first compiles, the second compiles for dynamic lengths, the third reuses it)."""
+    from conftest import per_sample_routers
+
+    from elastic_attention import routing_report
+
+    runs = {}
+    for compile_prefill in (False, True):
+        model = tiny_model("llama")
+        attach(model, CONFIG, backend="reference", compile_prefill=compile_prefill)
+        per_sample_routers(model)
+        runs[compile_prefill] = []
+        for length in (40, 57, 73):
+            ids = torch.randint(3, 90, (2, length), generator=torch.Generator().manual_seed(length))
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits
+            runs[compile_prefill].append((logits, routing_report(model).decisions))
+    for (plain, plain_routing), (compiled, compiled_routing) in zip(runs[False], runs[True]):
+        assert float((plain - compiled).abs().max()) < 1e-4 and torch.equal(plain_routing, compiled_routing)

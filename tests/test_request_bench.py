@@ -37,7 +37,8 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
     result = json.loads(out.read_text())
     rows = result["results"]
     assert result["dense_setups"] == ["sdpa"]  # no FlashAttention-4 and no CUDA graphs on a CPU, each said why
-    assert set(result["dense_setups_missing"]) == {"flash_attention_4", "static_cache_compiled", "static_cache_graph"}
+    assert set(result["dense_setups_missing"]) == {"flash_attention_4", "static_cache_compiled", "static_cache_graph",
+                                                   "sdpa_compiled_layers"}
     # elastic under generate (captured steps as they are, compiled), then in the bench's own loop (its tokens equal
     # the reference path's below, as generate's do)
     assert [(r["prompt_kind"], r["batch"], r["mode"], r.get("compile_decode"), r["decode_loop"]) for r in rows] == [
@@ -216,3 +217,22 @@ def test_request_runs_of_different_models_devices_or_token_counts_are_not_merged
         merge_runs([("old.json", old), ("empty.json", {**old, "results": []})], RULES["request"])
     with pytest.raises(InputError, match="at least one"):
         merge_runs([], RULES["request"])
+
+
+@pytest.mark.slow
+def test_compiled_prefill_rows_run_beside_a_dense_setup_with_compiled_layers(router, tmp_path):
+    out = tmp_path / "request_compiled.json"
+    assert cli_main(["bench", "request", "--model", str(TINY_BACKBONE), "--router", str(router), "--tasks",
+                     "needle_single,local_recall", "--suite", "synthetic", "--lengths", "600", "--batch", "1",
+                     "--rows", "1", "--new-tokens", "3", "--compile-decode", "off", "--compile-prefill", "on",
+                     "--dense-setups", "sdpa,sdpa_compiled_layers", "--device", "cpu", "--dtype", "float32",
+                     "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["dense_setups"] == ["sdpa", "sdpa_compiled_layers"]
+    for kind in ("sensitive", "robust"):
+        rows = [row for row in result["results"] if row["prompt_kind"] == kind]
+        assert [row.get("baseline") for row in rows if row["mode"] == "dense"] == ["sdpa", "sdpa_compiled_layers"]
+        assert rows[1]["leading_tokens_equal"] == [3]  # the compiled dense layers decode as the plain ones
+        elastic = [row for row in rows if row["mode"] == "elastic"]
+        assert elastic and all(row["compile_prefill"] and row["tokens_equal_reference"] for row in elastic)
+    assert "| elastic | router, compiled prefill |" in out.with_suffix(".md").read_text()

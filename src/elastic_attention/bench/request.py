@@ -28,8 +28,10 @@ second call is timed (the first compiles and captures what it needs; its time to
   the fastest dense prefill here, then each step a captured CUDA graph over transformers' static cache, decoder
   layers compiled, attention by this project's fused split-K decode kernel over each sequence's unpadded entries:
   the fastest dense decode we know of; it runs the bench's own loop, without `generate`'s host work between
-  steps, so its decode rate bounds a dense decode under `generate` from above). ``--dense-setups``
-  leaves some out. ``baseline`` names the setup; the fastest of them, per metric, is what the elastic rows compare
+  steps, so its decode rate bounds a dense decode under `generate` from above); with ``--compile-prefill on``
+  (where the elastic setups compile their prefill's decoder layers, ``compile_prefill`` in their rows)
+  ``sdpa_compiled_layers`` (SDPA, every decoder layer through ``torch.compile`` for the whole `generate`: a dense
+  prefill with the same fusion). ``--dense-setups`` leaves some out. ``baseline`` names the setup; the fastest of them, per metric, is what the elastic rows compare
   against (``speedup_*``). Each dense row's ``leading_tokens_equal`` compares it with the first dense row's tokens:
   how far two dense implementations agree, the floor for the elastic rows' agreement.
 
@@ -98,13 +100,17 @@ def implied_cache_bytes(report, lengths: list[int], config, head_dim: int, eleme
 
 #: The dense setup of `own_loop_generate` (its own decode loop, captured steps over a static cache).
 CAPTURED_SETUP = "static_cache_graph"
+#: The dense setup of `compiled_layers_generate` (``--compile-prefill on``: its decoder layers compiled).
+COMPILED_LAYERS_SETUP = "sdpa_compiled_layers"
 #: Every dense setup, in the order they run (``--dense-setups`` picks among them).
-DENSE_SETUPS = ("sdpa", "flash_attention_4", "static_cache_compiled", CAPTURED_SETUP)
+DENSE_SETUPS = ("sdpa", "flash_attention_4", "static_cache_compiled", CAPTURED_SETUP, COMPILED_LAYERS_SETUP)
 
 
-def dense_setups(model, device: torch.device) -> tuple[list[tuple[str, str, dict]], dict[str, str]]:
+def dense_setups(model, device: torch.device, compile_prefill: bool = False
+                 ) -> tuple[list[tuple[str, str, dict]], dict[str, str]]:
     """The dense setups that run here, as (name, attention implementation, generate arguments), and why each other
-    one does not."""
+    one does not (``sdpa_compiled_layers`` runs with ``compile_prefill``, beside the elastic setups that compile
+    their prefill)."""
     setups, missing = [("sdpa", "sdpa", {})], {}
     try:
         model.set_attn_implementation("flash_attention_4")
@@ -118,6 +124,10 @@ def dense_setups(model, device: torch.device) -> tuple[list[tuple[str, str, dict
         setups.append((CAPTURED_SETUP, setups[-2][1], {}))  # prefill: FlashAttention-4 where it runs, else SDPA
     else:
         missing["static_cache_compiled"] = missing[CAPTURED_SETUP] = "CUDA graphs need a GPU"
+    if compile_prefill:
+        setups.append((COMPILED_LAYERS_SETUP, "sdpa", {}))
+    else:
+        missing[COMPILED_LAYERS_SETUP] = "runs with --compile-prefill on"
     return setups, missing
 
 
@@ -205,6 +215,17 @@ def own_loop_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
                 STATIC_ATTENTION.segments = {}
 
 
+def compiled_layers_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int,
+                             **generate_kwargs) -> dict:
+    """`timed_generate` with every decoder layer through ``torch.compile`` for the whole call (prefill and steps), as
+    ``attach(compile_prefill=True)`` runs an elastic model's prefill: the dense setup ``sdpa_compiled_layers``."""
+    from elastic_attention.bench.decode_graphs import decoder_layers_of
+    from elastic_attention.integration.decode_graph import compiled
+
+    with compiled(decoder_layers_of(model)):
+        return timed_generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
+
+
 def prompt_positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids [B, S] of a left-padded batch (its attention mask [B, S]): each sequence counts from its first
     token; padding gets 0."""
@@ -268,7 +289,8 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
         model.set_attn_implementation(implementation)
         skips = cudagraph_skips()
         try:
-            generate = own_loop_generate if name == CAPTURED_SETUP else timed_generate
+            generate = {CAPTURED_SETUP: own_loop_generate,
+                        COMPILED_LAYERS_SETUP: compiled_layers_generate}.get(name, timed_generate)
             measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, generate=generate, **kwargs)
         finally:
             model.set_attn_implementation("sdpa")
@@ -285,7 +307,8 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
     elastic_setups = [(compile_decode, "generate") for compile_decode in args.compile_decode]
     elastic_setups.append((args.compile_decode[-1], "own"))
     for compile_decode, loop in elastic_setups:
-        ea.attach(model, config, backend=args.backend, compile_decode=compile_decode)
+        ea.attach(model, config, backend=args.backend, compile_decode=compile_decode,
+                  compile_prefill=args.compile_prefill)
         ea.load_router(model, router)
         try:
             runtime = runtime_of(model)
@@ -298,6 +321,7 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
                 **common, "mode": "elastic", "baseline": None, "msr": float(report.msr.mean()), **measured,
                 "kv_cache_bytes_implied": implied_cache_bytes(report, lengths, config, runtime.head_dim, element),
                 "backend": runtime.backend.name, "compile_decode": compile_decode, "decode_loop": loop,
+                "compile_prefill": args.compile_prefill,
                 "speedup_ttft": fastest_first["ttft_s"] / measured["ttft_s"],
                 "speedup_ttft_over": fastest_first["baseline"],
                 "speedup_decode": measured["decode_tokens_per_s"] / fastest_decode["decode_tokens_per_s"],
@@ -332,11 +356,12 @@ def adapter_config(model, router: str):
 
 
 def setup_label(row: dict) -> str:
-    """A row's setup in words: the dense setup's name, or ``router`` with ``, compiled`` and ``, own loop`` as they
-    apply."""
+    """A row's setup in words: the dense setup's name, or ``router`` with ``, compiled``, ``, compiled prefill`` and
+    ``, own loop`` as they apply."""
     if row["mode"] == "dense":
         return row["baseline"]
     return ("router" + (", compiled" if row.get("compile_decode") else "")
+            + (", compiled prefill" if row.get("compile_prefill") else "")
             + (", own loop" if row.get("decode_loop") == "own" else ""))
 
 
@@ -377,7 +402,7 @@ def run(args) -> dict:
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sensitive, robust = args.tasks.split(",")
-    setups, missing = chosen_setups(*dense_setups(model, device), args.dense_setups)
+    setups, missing = chosen_setups(*dense_setups(model, device, args.compile_prefill), args.dense_setups)
     if not setups:
         raise SystemExit(f"none of --dense-setups {','.join(args.dense_setups)} runs here: {missing}")
     result = {**run_header(device), "transformers": transformers.__version__, "model": args.model,
@@ -424,6 +449,9 @@ def parse_args(argv=None):
     parser.add_argument("--compile-decode", type=compile_settings, default=[False, True], metavar="off,on",
                         help="elastic setups: captured decode steps with their layers as they are (off), compiled "
                              "(on), or both (off,on; the default)")
+    parser.add_argument("--compile-prefill", choices=["off", "on"], default="off",
+                        help="on: the elastic setups compile their prefill's decoder layers "
+                             "(attach(compile_prefill=True)) and the dense setup sdpa_compiled_layers runs beside")
     parser.add_argument("--dense-setups", type=lambda text: text.split(","), default=list(DENSE_SETUPS),
                         metavar="NAME,...", help=f"dense setups to run among {','.join(DENSE_SETUPS)} (default: all "
                                                  "that run here)")
@@ -443,6 +471,7 @@ def parse_args(argv=None):
         parser.error(f"--reference-rows must be at least 1, got {args.reference_rows}")
     if args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2 (a first token and a decode step)")
+    args.compile_prefill = args.compile_prefill == "on"
     return args
 
 

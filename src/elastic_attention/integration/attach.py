@@ -55,6 +55,7 @@ AttentionMaskInterface.register(WINDOWED_ATTENTION_NAME, _sliding_layer_mask)
 def attach(
     model: nn.Module, config: ElasticConfig | None = None, *, backend: str = "auto", cache: str = "bounded",
     cuda_graphs: bool = True, compile_decode: bool | str = "auto", grouped_projections: bool = True,
+    compile_prefill: bool = False,
 ) -> nn.Module:
     """Attach Elastic Attention to a Hugging Face decoder, in place.
 
@@ -85,6 +86,12 @@ def attach(
             up in one, no split reductions; alone, 0.80 of the time cuBLAS takes on a Llama-3.1-8B layer on an
             H200, benchmarks/results/gemv_sweep.json; a whole 8B step at 128K with ``compile_decode``, 5.93 ms
             against 6.85 ms, benchmarks/results/decode_graphs.json); False leaves them to torch (cuBLAS).
+        compile_prefill: every no-grad eval-mode forward that is not a captured decode step (a prefill, an eager
+            step) runs each decoder layer through ``torch.compile`` (`decode_graph.compiled`; the key hook, the cache
+            update and the attention stay outside the compiled graphs), which fuses the layer's elementwise work
+            (norms, rotary embedding, the MLP's activation, residual adds). A process compiles once per model shape,
+            and once more for dynamic lengths at the second prompt length it sees. Off by default: not yet measured
+            on a GPU.
 
     Returns:
         The same model.
@@ -166,7 +173,7 @@ def attach(
         object.__setattr__(module, RUNTIME_ATTRIBUTE, runtime)
     object.__setattr__(model, RUNTIME_ATTRIBUTE, runtime)
     model.forward = GraphedForward(model, runtime, decoder_layers(decoder, family), compile_layers=compile_decode,
-                                   group_projections=grouped_projections)
+                                   group_projections=grouped_projections, compile_prefill=compile_prefill)
     model.set_attn_implementation(WINDOWED_ATTENTION_NAME if runtime.sliding_layers else ATTENTION_NAME)
     return model
 

@@ -168,8 +168,8 @@ def compiled(modules: list):
     key hook are ``torch.compiler.disable``d, so they run as they are between the compiled graphs (the grouped
     projections are a custom operator, called as they are too). Modules of one class share their compiled graphs:
     integers read from a module (a layer's index) become graph inputs after the second layer, so one recompile
-    serves every layer. Outside the block (prefill, eager steps) the modules run uncompiled, so no prompt length
-    compiles."""
+    serves every layer. Outside the block the modules run uncompiled; a prefill runs inside one only with
+    ``attach(..., compile_prefill=True)``."""
     with replaced_forwards([(module, torch.compile(module.forward, dynamic=None)) for module in modules]):
         with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
             yield
@@ -245,12 +245,15 @@ def compile_after_steps(num_layers: int) -> int:
 
 class GraphedForward:
     """An attached model's ``forward``: plain decode steps over a bounded cache replay a `DecodeGraph`; every other
-    call goes to the model's own forward (``original``), which `restore` (called by `detach`) puts back."""
+    call goes to the model's own forward (``original``; its decoder layers compiled for no-grad eval-mode calls with
+    ``compile_prefill``), which `restore` (called by `detach`) puts back."""
 
     def __init__(self, model, runtime, layers: list, compile_layers: bool | str = False,
-                 group_projections: bool = False) -> None:
+                 group_projections: bool = False, compile_prefill: bool = False) -> None:
         #: The decoder layers, and how captured steps run them (`decode_layers`).
         self.layers = layers
+        #: Whether the other no-grad eval-mode calls (prefill, eager steps) run the layers compiled (`compiled`).
+        self.compile_prefill = compile_prefill
         self.compile_policy = CompilePolicy(compile_layers, compile_after_steps(len(layers)))
         self.group_projections = group_projections
         #: The forward the model had (an instance attribute, such as accelerate's hook, stays one after `restore`).
@@ -270,6 +273,9 @@ class GraphedForward:
     def __call__(self, *args, **kwargs):
         cache = self._graphable_cache(args, kwargs)
         if cache is None:
+            if self.compile_prefill and not torch.is_grad_enabled() and not self._model().training:
+                with compiled(self.layers):
+                    return self.original(*args, **kwargs)
             return self.original(*args, **kwargs)
         input_ids = kwargs["input_ids"]
         compile_layers = self.compile_policy.compile(input_ids.shape[0])
