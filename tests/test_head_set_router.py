@@ -146,3 +146,33 @@ def test_head_set_choice_errors_name_the_fix(tmp_path):
         TrainConfig(model="m", elastic=choices, initial_full_heads=str(search), head_set_choices_msrs=[0.0, 0.9, 1.0])
     with pytest.raises(ConfigError, match="`head_set_choices` must be at least 2"):
         ea.ElasticConfig(head_set_choices=1)
+
+
+def test_the_evaluation_runs_a_head_set_adapter_beside_the_static_and_heads_modes(tmp_path):
+    """An adapter whose two sets are every head full and every head sparse: in each elastic row every head is full on
+    the same share of the samples (those that chose the first set), one minus the row's MSR; the static and heads
+    modes run beside it."""
+    from elastic_attention.assets import TINY_BACKBONE
+    from elastic_attention.cli import main as cli_main
+    from elastic_attention.evaluation.pipeline import load_backbone
+
+    model, _ = load_backbone(TINY_BACKBONE, "cpu")
+    shape = (model.config.num_hidden_layers, model.config.num_key_value_heads)
+    ea.attach(model, ea.ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8, head_set_choices=2))
+    (router,) = ea.routers_of(model).values()
+    router.set_head_sets(torch.stack([torch.ones(shape, dtype=torch.bool), torch.zeros(shape, dtype=torch.bool)]))
+    ea.save_router(model, tmp_path / "adapter")
+    heads = tmp_path / "heads.json"
+    heads.write_text(json.dumps({"sets": [{"msr_asked": 0.5, "full_heads": [[layer % 2 == 0] * shape[1]
+                                                                            for layer in range(shape[0])]}]}))
+    assert cli_main(["eval", "--model", str(TINY_BACKBONE), "--router", str(tmp_path / "adapter"), "--modes",
+                     "full,elastic,static,heads", "--head-set", str(heads), "--tasks", "local_recall,needle_single",
+                     "--lengths", "600", "--samples", "2", "--device", "cpu", "--out", str(tmp_path / "out")]) == 0
+    rows = json.loads((tmp_path / "out" / "eval.json").read_text())["results"]
+    elastic = [row for row in rows if row["mode"] == "elastic"]
+    assert len(elastic) == 2
+    for row in elastic:
+        shares = {share for layer in row["head_full_share"] for share in layer}
+        assert len(shares) == 1 and abs(shares.pop() - (1.0 - row["msr"])) < 1e-6
+    assert {row["mode"] for row in rows} == {"full", "elastic", "static", "heads"}
+    assert all(row["msr"] == 0.5 for row in rows if row["mode"] == "heads")
