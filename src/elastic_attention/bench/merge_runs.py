@@ -51,9 +51,9 @@ def merge_runs(documents: list[tuple[str, dict]], rule: MergeRule) -> dict:
     """One result from runs' JSON documents ``(name, document)``, oldest first.
 
     Returns:
-        The newest run's header (each `MergeRule.union` field the union of the runs') with ``runs`` (each run's `RUN_FIELDS` and ``source``: its name) and ``results``:
-        every cell's rows from the newest run that measured it, each with ``run`` (its index in ``runs``), cells in
-        the order first measured.
+        The newest run's header (each `MergeRule.union` field the union of the runs') with ``runs`` (each run's
+        `RUN_FIELDS` and ``source``: its name) and ``results``: every cell's rows from the newest run that measured
+        it, each with ``run`` (its index in ``runs``), cells in the order first measured.
 
     Raises:
         InputError: no documents; a document without rows; runs that differ in ``device`` or a shared field.

@@ -106,7 +106,8 @@ def markdown(result: dict) -> str:
     """The results as one markdown table: a row per length and model, elastic rows with their speedups over the
     dense models of their own run."""
     several_runs = len(result.get("runs") or []) > 1
-    modes = list(dict.fromkeys(row["model"] for row in result["results"] if not row["model"].startswith(ELASTIC_PREFIX)))
+    modes = list(dict.fromkeys(row["model"] for row in result["results"]
+                               if not row["model"].startswith(ELASTIC_PREFIX)))
     lines = runs_lines(result, "Prefill benchmark") + [""]
     lines.append("| length | model | seconds | " + "".join(f"speedup vs {mode} | " for mode in modes)
                  + "MSR | ESR | peak memory (GiB) |" + (" run |" if several_runs else ""))

@@ -24,16 +24,16 @@ second call is timed (the first compiles and captures what it needs; its time to
   ``flash_attention_4`` where transformers can turn FlashAttention-4 on (installed, on a GPU; the result's
   ``dense_setups_missing`` says why not otherwise); on CUDA ``static_cache_compiled`` (transformers' static cache,
   whose decode steps `generate` compiles in ``reduce-overhead`` mode; ``cuda_graphs`` says whether Inductor replayed
-  them as CUDA graphs: it skips them when it sees mutated inputs) and ``static_cache_graph`` (`own_loop_generate`:
-  the fastest dense prefill here, then each step a captured CUDA graph over transformers' static cache, decoder
-  layers compiled, attention by this project's fused split-K decode kernel over each sequence's unpadded entries:
-  the fastest dense decode we know of; it runs the bench's own loop, without `generate`'s host work between
-  steps, so its decode rate bounds a dense decode under `generate` from above); with ``--compile-prefill on``
-  (where the elastic setups compile their prefill's decoder layers, ``compile_prefill`` in their rows)
-  ``sdpa_compiled_layers`` (SDPA, every decoder layer through ``torch.compile`` for the whole `generate`: a dense
-  prefill with the same fusion). ``--dense-setups`` leaves some out. ``baseline`` names the setup; the fastest of them, per metric, is what the elastic rows compare
-  against (``speedup_*``). Each dense row's ``leading_tokens_equal`` compares it with the first dense row's tokens:
-  how far two dense implementations agree, the floor for the elastic rows' agreement.
+  them as CUDA graphs: it skips them when it sees mutated inputs) and ``static_cache_graph`` (`own_loop_generate`: the
+  fastest dense prefill here, then each step a captured CUDA graph over transformers' static cache, decoder layers
+  compiled, attention by this project's fused split-K decode kernel over each sequence's unpadded entries: the fastest
+  dense decode we know of; it runs the bench's own loop, without `generate`'s host work between steps, so its decode
+  rate bounds a dense decode under `generate` from above); with ``--compile-prefill on`` (where the elastic setups
+  compile their prefill's decoder layers, ``compile_prefill`` in their rows) ``sdpa_compiled_layers`` (SDPA, every
+  decoder layer through ``torch.compile`` for the whole `generate`: a dense prefill with the same fusion).
+  ``--dense-setups`` leaves some out. ``baseline`` names the setup; the fastest of them, per metric, is what the
+  elastic rows compare against (``speedup_*``). Each dense row's ``leading_tokens_equal`` compares it with the first
+  dense row's tokens: how far two dense implementations agree, the floor for the elastic rows' agreement.
 
   elastic-attention bench request --model /tmp/qwen2.5-coder-1.5b-instruct \\
       --router ROUTER_FOLDER --lengths 16k,32k --batch 1,8 \\

@@ -9,14 +9,14 @@ address, so one launch reaches all of them whatever tensor each lives in.
 A decode step is two launches per layer, whatever the batch size (`decode_step`): a grid of segments x key splits, the
 splits sized from the entries of all segments together (so a batch-1 step at long lengths still fills the GPU, and a
 short ring takes one split) and as many as the longest segment needs (a split starting past its segment's entries
-returns at once: a ring beside full stores, or a captured step sized for its capacity, leaves most of its own empty). Each program takes its segment's new key and value from the step's states (the first
-split also writes them to the cache: a full store at its end, a ring at its slot, with the slot's position), runs
-split-K attention of the segment's query heads over its share of the entries (all of a full store, the filled slots
-of a ring; split 0 starts from the new entry and every split leaves its slot out, since split 0 is writing it), and
-leaves its partial result. A second launch merges, one program per (segment, query head, chunk of head_dim), the
-splits that hold entries, writes the output and counts the entry in the segment's length (two launches in all,
-which a captured step replays together). `write_step_entries` writes without attending (a step whose attention took
-another path).
+returns at once: a ring beside full stores, or a captured step sized for its capacity, leaves most of its own empty).
+Each program takes its segment's new key and value from the step's states (the first split also writes them to the
+cache: a full store at its end, a ring at its slot, with the slot's position), runs split-K attention of the segment's
+query heads over its share of the entries (all of a full store, the filled slots of a ring; split 0 starts from the new
+entry and every split leaves its slot out, since split 0 is writing it), and leaves its partial result. A second launch
+merges, one program per (segment, query head, chunk of head_dim), the splits that hold entries, writes the output and
+counts the entry in the segment's length (two launches in all, which a captured step replays together).
+`write_step_entries` writes without attending (a step whose attention took another path).
 
 Segments are ordered (sequence, KV head), so segment ``s`` reads the queries of batch row ``s // Hkv`` and query heads
 ``(s % Hkv) * g .. + g - 1`` (g query heads per KV head).

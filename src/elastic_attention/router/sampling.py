@@ -50,7 +50,8 @@ def straight_through_decision(
     return hard + (soft - soft.detach())
 
 
-def straight_through_one_hot(logits: torch.Tensor, temperature: float, noise: torch.Tensor | None = None) -> torch.Tensor:
+def straight_through_one_hot(logits: torch.Tensor, temperature: float,
+                             noise: torch.Tensor | None = None) -> torch.Tensor:
     """Hard one-hot choice forward, softmax gradient backward, over the last axis.
 
     Args:
