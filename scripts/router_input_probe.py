@@ -25,6 +25,28 @@ class _Captured(Exception):
     """Raised by the router's pre-hook once it holds its input: the rest of the forward is not needed."""
 
 
+def pooled_router_input(model, router, input_ids: torch.Tensor) -> torch.Tensor:
+    """[N, Hkv, D] float32 on the CPU: what ``router`` (a router of ``model``'s attached runtime) reads for the
+    prompts ``input_ids`` [N, T], its layer's boundary-pooled pre-RoPE keys. The forward stops there."""
+    seen: list[torch.Tensor] = []
+
+    def capture(module, args):
+        seen.append(args[0].detach().float().cpu())
+        raise _Captured
+
+    hook = router.register_forward_pre_hook(capture)
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids.to(next(model.parameters()).device), use_cache=False, logits_to_keep=1)
+    except _Captured:
+        pass
+    finally:
+        hook.remove()
+    if not seen:
+        raise RuntimeError("the forward never reached the router: is it a router of this model?")
+    return seen[0]
+
+
 def router_inputs(model, tokenizer, suite: str, tasks: Sequence[str], lengths: Sequence[int], rows: int, layer: int,
                   seed: int = 0) -> tuple[torch.Tensor, list[str]]:
     """([M, Hkv * D] the pooled keys layer ``layer``'s router reads, one row per prompt; each prompt's task)."""
@@ -34,29 +56,15 @@ def router_inputs(model, tokenizer, suite: str, tasks: Sequence[str], lengths: S
 
     ea.attach(model, ea.ElasticConfig(routed_layers=(layer,)), backend="reference")
     (router,) = ea.routers_of(model).values()
-    seen: list[torch.Tensor] = []
-
-    def capture(module, args):
-        seen.append(args[0][0].detach().float().flatten().cpu())
-        raise _Captured
-
-    hook = router.register_forward_pre_hook(capture)
-    device = next(model.parameters()).device
     features, names = [], []
     try:
         for length in lengths:
             for task in tasks:
                 for row in get_suite(suite).generate(task, length, seed, rows, tokenizer):
                     ids = tokenizer(render_prompt(tokenizer, row.prompt), return_tensors="pt", add_special_tokens=False)
-                    try:
-                        with torch.no_grad():
-                            model(input_ids=ids.input_ids.to(device), use_cache=False, logits_to_keep=1)
-                    except _Captured:
-                        pass
-                    features.append(seen.pop())
+                    features.append(pooled_router_input(model, router, ids.input_ids)[0].flatten())
                     names.append(task)
     finally:
-        hook.remove()
         ea.detach(model)
     return torch.stack(features), names
 

@@ -68,6 +68,9 @@ def test_cells_of_separate_calls_become_one_table(tmp_path, capsys):
     ([("a", _document("r", [_row("full", "passkey", 8192, 1.0, 0.0)])),
       ("b", _document("r", [_row("full", "passkey", 16384, 1.0, 0.0)], config={**CONFIG, "local_tokens": 2048}))],
      "different elastic configurations"),
+    ([("a", _document("r", [_row("elastic", "passkey", 8192, 1.0, 0.6)])),
+      ("b", _document("r", [_row("elastic", "passkey", 16384, 1.0, 0.6)], config={**CONFIG, "router_width": 2}))],
+     "elastic cells of different router settings"),
     ([("a", {"accuracy": 1.0})], "a is not an eval.json"),
     ([], "at least one"),
 ])
@@ -111,3 +114,18 @@ def test_modes_keeps_only_those_cells_and_names_what_is_missing(tmp_path, capsys
         merge_eval_documents([("old.json", old), ("new.json", new)], ["full"])
     with pytest.raises(InputError, match="no file has cells of the modes static: check the names.*elastic, full"):
         merge_eval_documents([("old.json", old)], ["full", "static", "elastic"])
+
+
+def test_router_settings_may_differ_from_cells_that_need_no_router():
+    """Full and all-SSA cells attached with a training config join a head-set router's cells: the router's own
+    fields (pooling, width, head_set_choices) do not change them; the attention settings must still agree."""
+    dense = _document(None, [_row("full", "passkey", 8192, 1.0, 0.0), _row("sparse", "passkey", 8192, 0.0, 1.0)],
+                      config={**CONFIG, "router_width": 4})
+    router_config = {**CONFIG, "router_width": 4, "head_set_choices": 5}
+    routed = _document("r", [_row("elastic", "passkey", 8192, 1.0, 0.5)], config=router_config)
+    merged = merge_eval_documents([("dense", dense), ("routed", routed)])
+    assert merged["elastic_config"] == router_config  # the elastic cells' settings
+    assert [row["mode"] for row in merged["results"]] == ["full", "sparse", "elastic"]
+    moved = _document("r", [_row("elastic", "passkey", 8192, 1.0, 0.5)], config={**router_config, "sink_tokens": 0})
+    with pytest.raises(InputError, match="different elastic configurations"):
+        merge_eval_documents([("dense", dense), ("routed", moved)])

@@ -176,3 +176,36 @@ def test_the_evaluation_runs_a_head_set_adapter_beside_the_static_and_heads_mode
         assert len(shares) == 1 and abs(shares.pop() - (1.0 - row["msr"])) < 1e-6
     assert {row["mode"] for row in rows} == {"full", "elastic", "static", "heads"}
     assert all(row["msr"] == 0.5 for row in rows if row["mode"] == "heads")
+
+
+def test_generation_keeps_each_prompts_set_in_the_bounded_cache():
+    """A head-set router's choice, made at the prefill's first layer, sizes every layer's stores: each sequence's
+    rings hold exactly its set's streaming heads, and greedy tokens equal those of the full cache (the oracle)."""
+    from elastic_attention import ElasticCache
+    from elastic_attention.integration import runtime_of
+
+    ids = torch.randint(3, 90, (6, 40), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[1:, :7] = 0  # left padding on all rows but the first
+    results = {}
+    for cache in ("bounded", "full"):
+        model = tiny_model("llama", layers=3, seed=0)
+        ea.attach(model, CONFIG, backend="reference", cache=cache)
+        (router,) = ea.routers_of(model).values()
+        router.set_head_sets(SETS)
+        per_sample_routers(model)
+        results[cache] = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=30, do_sample=False,
+                                        return_dict_in_generate=True, output_scores=True, pad_token_id=0)
+        runtime = runtime_of(model)
+        decisions = torch.stack([runtime.decisions[layer] for layer in runtime.routed_layers], dim=1) > 0.5
+        assert len({tuple(row.flatten().tolist()) for row in decisions}) > 1  # the prompts chose different sets
+        assert all(any(torch.equal(row, head_set) for head_set in SETS) for row in decisions)
+        if cache == "bounded":
+            stored = results[cache].past_key_values
+            assert isinstance(stored, ElasticCache)
+            for layer in range(3):
+                for n, store in enumerate(stored.layers[layer].sequences):
+                    assert store.ring_heads.tolist() == (~decisions[n, layer]).nonzero().flatten().tolist()
+    assert torch.equal(results["bounded"].sequences, results["full"].sequences)
+    torch.testing.assert_close(torch.stack(results["bounded"].scores), torch.stack(results["full"].scores),
+                               atol=1e-5, rtol=1e-5)

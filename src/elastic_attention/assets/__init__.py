@@ -8,6 +8,7 @@ TINY_BACKBONE = Path(__file__).parent / "backbone_tiny"
 LM_EVAL_TASKS = Path(__file__).parent / "lm_eval_tasks"
 #: Routers for Qwen2.5-Coder-0.5B-Instruct trained on the code suite (configs/qwen2.5_coder_code_slow_multipliers.yaml).
 QWEN_CODER_ROUTER = Path(__file__).parent / "routers" / "qwen2.5-coder-0.5b-instruct"
-#: Routers for Qwen2.5-Coder-1.5B-Instruct trained on the code suite with the distillation LM term, choosing only
-#: among the joint searched head set (configs/qwen2.5_coder_1.5b_code_set_only.yaml), stored in float16.
+#: The router for Qwen2.5-Coder-1.5B-Instruct: a head-set router (one choice per prompt among five points of the
+#: joint searched head set's path) trained on the code suite with the distillation LM term
+#: (configs/qwen2.5_coder_1.5b_code_head_set_router.yaml), float32.
 QWEN_CODER_1_5B_ROUTER = Path(__file__).parent / "routers" / "qwen2.5-coder-1.5b-instruct"

@@ -22,6 +22,10 @@ from elastic_attention.evaluation.reporting import cell_results, command_and_dat
 from elastic_attention.evaluation.runner import CellResult
 from elastic_attention.io import atomic_write_text
 
+#: `ElasticConfig` fields only a router reads: cells of other modes (full, sparse, static@MSR, heads@MSR) do not
+#: depend on them, so they must agree only among the files with elastic cells.
+_ROUTER_FIELDS = ("pool_first", "pool_last", "router_width", "router_standardize", "head_set_choices")
+
 #: The fields every row needs (`CellResult`'s fields without a default).
 _REQUIRED = tuple(field.name for field in dataclasses.fields(CellResult)
                   if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING)
@@ -35,7 +39,8 @@ def merge_eval_documents(documents: Sequence[tuple[str, dict]], modes: Sequence[
 
     Raises:
         InputError: no documents; a document without results or with a row that lacks a field; documents of
-            different models, elastic configurations or seeds; elastic cells from different routers; cells of one
+            different models, attention settings (the elastic configuration less the router's fields) or seeds;
+            elastic cells from different routers or router settings; cells of one
             (task, length) with different numbers of rows; a (mode, task, length) cell in more than one document;
             a document or a mode of ``modes`` without any kept cell.
     """
@@ -46,11 +51,13 @@ def merge_eval_documents(documents: Sequence[tuple[str, dict]], modes: Sequence[
     if modes is not None:
         documents = _keep_modes(documents, modes)
     _same(documents, "model", "evaluate different models", "merge one model's files")
-    _same(documents, "elastic_config", "use different elastic configurations", "merge one configuration's files")
+    attention = [(name, {"elastic_config": _without_router_fields(d.get("elastic_config"))}) for name, d in documents]
+    _same(attention, "elastic_config", "use different elastic configurations", "merge one configuration's files")
     _same([(name, d) for name, d in documents if "seed" in d], "seed", "were drawn with different seeds",
           "merge the files of one --seed")
     elastic = [(name, d) for name, d in documents if any(row["mode"] == "elastic" for row in d["results"])]
     _same(elastic, "router", "have elastic cells of different routers", "merge one router's files")
+    _same(elastic, "elastic_config", "have elastic cells of different router settings", "merge one router's files")
     seen: dict[tuple, str] = {}
     samples: dict[tuple, tuple[int, str]] = {}
     rows: list[dict] = []
@@ -75,7 +82,7 @@ def merge_eval_documents(documents: Sequence[tuple[str, dict]], modes: Sequence[
         "model": first.get("model"),
         "router": elastic[0][1].get("router") if elastic else None,
         "seed": next((document["seed"] for _, document in documents if "seed" in document), None),
-        "elastic_config": first.get("elastic_config"),
+        "elastic_config": (elastic[0][1] if elastic else first).get("elastic_config"),
         "merged_from": [{"file": name, **{key: value for key, value in document.items() if key != "results"}}
                         for name, document in documents],
         "results": rows,
@@ -135,6 +142,12 @@ def _same(documents: Sequence[tuple[str, dict]], key: str, problem: str, fix: st
     if len(values) > 1:
         listed = "; ".join(f"{name}: {document.get(key)!r}" for name, document in documents)
         raise InputError(f"the files {problem} ({listed}); {fix}")
+
+
+def _without_router_fields(config):
+    if not isinstance(config, dict):
+        return config
+    return {key: value for key, value in config.items() if key not in _ROUTER_FIELDS}
 
 
 def _first_seen(rows: Sequence[dict], key: str) -> dict:
