@@ -5,10 +5,11 @@ own kind: held-out tasks show whether the input carries the kind or only the tra
 router decides at the first routed layer (layer 0 by default), so this says what it can learn there.
 
     python scripts/router_input_probe.py --model artifacts/qwen2.5-coder-1.5b-instruct --suite code \
-        --held-out multivalue,recent_definition --lengths 4k,8k --rows 20
+        --held-out multivalue,recent_definition --lengths 4k,8k --rows 20 --layers 0,2 --unseen-seed 7
 
-Each forward stops at layer L (nothing after the router's input is computed). --out writes the table as JSON with
-the date, device, command and model.
+Each forward stops at layer L (nothing after the router's input is computed). With --unseen-seed each fit is also
+scored on rows drawn with that seed, which it never saw. --out writes the table as JSON with the date, device,
+command and model.
 """
 
 from __future__ import annotations
@@ -70,29 +71,41 @@ def router_inputs(model, tokenizer, suite: str, tasks: Sequence[str], lengths: S
 
 
 def kind_table(features: torch.Tensor, names: list[str], kinds: dict[str, str], held_out: set[str],
-               steps: int = 500) -> list[dict]:
+               steps: int = 500, unseen: tuple[torch.Tensor, list[str]] | None = None) -> list[dict]:
     """Fit a logistic regression (standardized inputs, L2 1e-3, Adam) on the rows of tasks not in ``held_out``; per
-    task, the share of its rows predicted as its kind."""
+    task, the share of its rows predicted as its kind. ``unseen`` (features, names of other rows of the same tasks,
+    e.g. drawn with another seed) adds each task's share among those rows: what the fit does on prompts it never saw."""
     label = torch.tensor([kinds[name] == "sensitive" for name in names], dtype=torch.float32)
     train = torch.tensor([name not in held_out for name in names])
     mean, scale = features[train].mean(0), features[train].std(0) + 1e-6
-    standardized = (features - mean) / scale
     weight = torch.zeros(features.shape[1], requires_grad=True)
     bias = torch.zeros(1, requires_grad=True)
     optimizer = torch.optim.Adam([weight, bias], lr=0.01)
+    standardized = (features - mean) / scale
     for _ in range(steps):
         optimizer.zero_grad()
         logits = standardized[train] @ weight + bias
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, label[train]) + 1e-3 * weight.square().sum()
         loss.backward()
         optimizer.step()
-    with torch.no_grad():
-        predicted = ((standardized @ weight + bias) > 0).float()
+
+    def shares(rows_features: torch.Tensor, rows_names: list[str]) -> dict[str, tuple[float, int]]:
+        with torch.no_grad():
+            predicted = ((((rows_features - mean) / scale) @ weight + bias) > 0).float()
+        truth = torch.tensor([kinds[name] == "sensitive" for name in rows_names], dtype=torch.float32)
+        return {task: (float((predicted[rows] == truth[rows]).float().mean()), len(rows))
+                for task in dict.fromkeys(rows_names)
+                for rows in [[index for index, name in enumerate(rows_names) if name == task]]}
+
+    seen_shares = shares(features, names)
+    unseen_shares = shares(*unseen) if unseen is not None else {}
     table = []
-    for task in dict.fromkeys(names):
-        rows = [index for index, name in enumerate(names) if name == task]
-        table.append({"task": task, "kind": kinds[task], "held_out": task in held_out, "rows": len(rows),
-                      "predicted_as_its_kind": float((predicted[rows] == label[rows]).float().mean())})
+    for task, (share, count) in seen_shares.items():
+        record = {"task": task, "kind": kinds[task], "held_out": task in held_out, "rows": count,
+                  "predicted_as_its_kind": share}
+        if task in unseen_shares:
+            record["predicted_as_its_kind_unseen_rows"], record["unseen_rows"] = unseen_shares[task]
+        table.append(record)
     return table
 
 
@@ -109,24 +122,38 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--held-out", default="", help="comma list of tasks the regression does not see")
     parser.add_argument("--lengths", type=lambda text: [parse_length(t) for t in text.split(",")], default=[4096])
     parser.add_argument("--rows", type=int, default=20, help="rows per task and length")
-    parser.add_argument("--layer", type=int, default=0, help="the layer whose router input is probed")
+    parser.add_argument("--layers", type=lambda text: [int(t) for t in text.split(",")], default=[0],
+                        help="comma list of the layers whose router input is probed, one fit each")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--unseen-seed", type=int, default=None,
+                        help="also draw the rows with this seed and report each fit's shares on them")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.unseen_seed is not None and args.unseen_seed == args.seed:
+        parser.error("--unseen-seed equals --seed: the unseen rows would be the fitted ones")
     suite = get_suite(args.suite)
     held_out = {task for task in args.held_out.split(",") if task}
     suite.resolve(sorted(held_out))  # unknown names are refused
     model, tokenizer = load_backbone(args.model, args.device, "float32")
-    features, names = router_inputs(model, tokenizer, args.suite, suite.tasks, args.lengths, args.rows, args.layer,
-                                    args.seed)
-    table = kind_table(features, names, {task: suite.kind(task) for task in suite.tasks}, held_out)
-    for record in table:
-        print(f"{record['task']:20s} {record['kind']:9s} {'held out' if record['held_out'] else 'trained':8s} "
-              f"predicted as its kind: {record['predicted_as_its_kind']:.2f} ({record['rows']} rows)")
+    kinds = {task: suite.kind(task) for task in suite.tasks}
+    table = []
+    for layer in args.layers:
+        features, names = router_inputs(model, tokenizer, args.suite, suite.tasks, args.lengths, args.rows, layer,
+                                        args.seed)
+        unseen = None if args.unseen_seed is None else router_inputs(
+            model, tokenizer, args.suite, suite.tasks, args.lengths, args.rows, layer, args.unseen_seed)
+        for record in kind_table(features, names, kinds, held_out, unseen=unseen):
+            table.append({"layer": layer, **record})
+            print(f"layer {layer:2d} {record['task']:20s} {record['kind']:9s} "
+                  f"{'held out' if record['held_out'] else 'trained':8s} predicted as its kind: "
+                  f"{record['predicted_as_its_kind']:.2f} ({record['rows']} rows)"
+                  + (f", on unseen rows {record['predicted_as_its_kind_unseen_rows']:.2f}"
+                     if "unseen_rows" in record else ""))
     if args.out is not None:
-        document = {**run_header(next(model.parameters()).device), "model": args.model, "layer": args.layer,
-                    "lengths": args.lengths, "held_out": sorted(held_out), "results": table}
+        document = {**run_header(next(model.parameters()).device), "model": args.model, "layers": args.layers,
+                    "lengths": args.lengths, "seed": args.seed, "unseen_seed": args.unseen_seed,
+                    "held_out": sorted(held_out), "results": table}
         atomic_write_text(args.out, json.dumps(document, indent=2))
     return table
 

@@ -20,6 +20,13 @@ def test_a_held_out_task_on_the_trained_side_of_the_separation_is_assigned_its_k
     shares = {record["task"]: record["predicted_as_its_kind"] for record in table}
     assert shares == {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}
     assert [record["held_out"] for record in table] == [False, False, True, True]
+    # unseen rows of the same tasks: a's drawn on the other side of the separation are counted wrong
+    unseen_names = ["a"] * 4 + ["b"] * 2
+    unseen = torch.tensor([[1.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0]])
+    table = probe.kind_table(features, names, {task: kind for task, (kind, _) in tasks.items()}, held_out={"c", "d"},
+                             unseen=(unseen, unseen_names))
+    assert {record["task"]: record.get("predicted_as_its_kind_unseen_rows") for record in table} == {
+        "a": 0.5, "b": 1.0, "c": None, "d": None}
 
 
 def test_the_probe_reads_the_pooled_keys_the_router_reads(random_suite_backbone, tmp_path):
@@ -45,6 +52,9 @@ def test_the_probe_reads_the_pooled_keys_the_router_reads(random_suite_backbone,
             model(input_ids=ids.input_ids, use_cache=False, logits_to_keep=1)
     torch.testing.assert_close(torch.stack(seen), features[:2])
     table = probe.main(["--model", str(random_suite_backbone), "--suite", "synthetic", "--held-out", "local_count",
-                        "--lengths", "300", "--rows", "2", "--device", "cpu", "--out", str(tmp_path / "probe.json")])
+                        "--lengths", "300", "--rows", "2", "--layers", "0,1", "--unseen-seed", "3", "--device", "cpu",
+                        "--out", str(tmp_path / "probe.json")])
     document = json.loads((tmp_path / "probe.json").read_text())
-    assert document["results"] == table and document["layer"] == 0 and len(table) == 7
+    assert document["results"] == table and document["layers"] == [0, 1] and len(table) == 14
+    assert [record["layer"] for record in table] == [0] * 7 + [1] * 7
+    assert all(record["unseen_rows"] == 2 and 0 <= record["predicted_as_its_kind_unseen_rows"] <= 1 for record in table)
