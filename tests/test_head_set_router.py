@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import per_sample_routers, tiny_model
 from safetensors.torch import load_file
-from test_training import write_config
+from test_training import train_from_adapter, write_config
 
 import elastic_attention as ea
 from elastic_attention.errors import ConfigError
@@ -128,12 +128,9 @@ def test_a_run_trains_a_head_set_router_from_a_search_file(tmp_path, random_suit
                 assert any(torch.equal(decisions, head_set) for head_set in sets)
 
 
-
 def test_a_run_continues_a_head_set_router_from_its_adapter(tmp_path, random_suite_backbone):
     """Oracle: the first run's adapter file: the second run starts from exactly its tensors (the sets among them,
     with no `head_set_choices_msrs`), trains, and its adapter keeps the same sets."""
-    from elastic_attention.adapters import router_state_dict
-
     search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
     elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3,
                "router_standardize": True}
@@ -147,13 +144,7 @@ def test_a_run_continues_a_head_set_router_from_its_adapter(tmp_path, random_sui
     second = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "second", elastic=elastic, steps=2,
                                                 checkpoint_every=0, initial_router=str(tmp_path / "first" / "router")))
     assert second.head_set_choices() is None  # the sets come with the adapter
-    trainer = RouterTrainer(second, progress=False)
-    trainer.setup()
-    started = router_state_dict(trainer.model)
-    assert started.keys() == adapter.keys()
-    for name, tensor in adapter.items():
-        assert torch.equal(started[name].float(), tensor.float()), name
-    trainer.finish(trainer.train())
+    train_from_adapter(second, adapter)
     continued = load_file(tmp_path / "second" / "router" / "router.safetensors")
     assert torch.equal(continued["layers.0.head_sets"], adapter["layers.0.head_sets"])
     assert any(not torch.equal(continued[name], adapter[name]) for name in adapter if "router_mlp" in name)

@@ -327,8 +327,6 @@ def test_heads_outside_the_set_stay_sparse_through_training(tmp_path, random_sui
 def test_a_run_starts_from_an_earlier_runs_adapter(tmp_path, random_suite_backbone):
     """Oracle: the adapter file itself: before its first step, a run with ``initial_router`` holds exactly the
     adapter's tensors (weights, input statistics, pins; no calibration over them), and it trains from there."""
-    from elastic_attention.adapters import router_state_dict
-
     heads = write_head_sets(tmp_path / "search.json", {0.5: [[True, False], [False, True]]})
     first = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "first", elastic=STANDARDIZING["elastic"],
                                                steps=2, initial_full_probability=0.8, initial_full_heads=str(heads),
@@ -341,14 +339,22 @@ def test_a_run_starts_from_an_earlier_runs_adapter(tmp_path, random_suite_backbo
     second = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "second",
                                                 elastic=STANDARDIZING["elastic"], steps=1,
                                                 initial_router=str(tmp_path / "first" / "router")))
-    trainer = RouterTrainer(second, progress=False)
+    train_from_adapter(second, adapter)
+    assert routers(tmp_path / "second").keys() == adapter.keys()
+
+
+def train_from_adapter(config: TrainConfig, adapter: dict) -> None:
+    """Run ``config`` (whose ``initial_router`` saved ``adapter``, its tensors by name), checking that before its
+    first step the routers hold exactly the adapter's tensors."""
+    from elastic_attention.adapters import router_state_dict
+
+    trainer = RouterTrainer(config, progress=False)
     trainer.setup()
     started = router_state_dict(trainer.model)
     assert started.keys() == adapter.keys()
     for name, tensor in adapter.items():
         assert torch.equal(started[name].float(), tensor.float()), name
     trainer.finish(trainer.train())
-    assert routers(tmp_path / "second").keys() == adapter.keys()
 
 
 def test_initial_router_errors_name_the_fix(tmp_path, random_suite_backbone):
