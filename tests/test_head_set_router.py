@@ -2,6 +2,7 @@
 first routed layer's keys and applied in every routed layer; its straight-through choice, its adapter, and training
 it from a head-set file."""
 
+import csv
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from test_training import train_from_adapter, write_config
 
 import elastic_attention as ea
 from elastic_attention.errors import ConfigError
+from elastic_attention.integration import force_head_set, runtime_of
 from elastic_attention.reference_format import reference_fields
 from elastic_attention.router.sampling import gumbel_noise, straight_through_one_hot
 from elastic_attention.training import RouterTrainer, TrainConfig
@@ -230,3 +232,126 @@ def test_generation_keeps_each_prompts_set_in_the_bounded_cache():
     assert torch.equal(results["bounded"].sequences, results["full"].sequences)
     torch.testing.assert_close(torch.stack(results["bounded"].scores), torch.stack(results["full"].scores),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_forced_head_set_runs_that_set_for_every_prompt_and_still_scores_them():
+    """Oracle: `force_routing` with the same set gives the same logits; the router's logits read independently from
+    the pooled keys of an unforced forward; the scores carry their gradient out of a no-grad forward."""
+    model, router = _attached()
+    ids = torch.randint(3, 90, (5, 37), generator=torch.Generator().manual_seed(11))
+    pooled = []
+    hook = router.register_forward_pre_hook(lambda module, args: pooled.append(args[0]))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        hook.remove()
+    routing = runtime_of(model).routing
+    for index, head_set in enumerate(SETS):
+        force_head_set(model, index)
+        with torch.no_grad():
+            forced_set = model(input_ids=ids).logits
+        assert all(torch.equal(decisions, head_set) for decisions in ea.routing_report(model).decisions)
+        assert routing.set_logits.requires_grad
+        torch.testing.assert_close(routing.set_logits, router.choice_logits(pooled[0]))
+        force_head_set(model, None)
+        ea.force_routing(model, head_set)
+        with torch.no_grad():
+            torch.testing.assert_close(forced_set, model(input_ids=ids).logits)
+        ea.force_routing(model, None)
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert routing.set_logits is None  # the router chose again
+    with pytest.raises(ConfigError, match="head set 3 does not exist: the router chooses among sets 0 to 2"):
+        force_head_set(model, 3)
+    per_head = tiny_model("llama", layers=2)
+    ea.attach(per_head, ea.ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4), backend="reference")
+    with pytest.raises(ConfigError, match="needs a head-set router"):
+        force_head_set(per_head, 0)
+
+
+def _expected_trainer(tmp_path, backbone, lm_loss="cross_entropy", **extra):
+    search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
+    elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3,
+               "router_standardize": True}
+    config = TrainConfig.from_yaml(write_config(tmp_path, backbone, "run", elastic=elastic, checkpoint_every=0,
+                                                initial_full_heads=str(search), head_set_choices_msrs=[0.0, 0.75, 1.0],
+                                                initial_full_probability=0.5, head_set_objective="expected",
+                                                lm_loss=lm_loss, **extra))
+    trainer = RouterTrainer(config, progress=False)
+    trainer.setup()
+    return trainer
+
+
+@pytest.mark.parametrize("lm_loss", ["cross_entropy", "distillation"])
+def test_the_expected_objective_weighs_each_sets_loss_by_the_routers_softmax(tmp_path, random_suite_backbone,
+                                                                              lm_loss):
+    """Oracle, in float64: each set's per-sample losses from a pack forward under `force_routing` with that set, the
+    router's logits from the pooled keys of an unforced forward; sum_n,c softmax(logits / T)[n, c] L[n, c] / K and
+    the expected MSRs, and the gradient of that expression for the router's parameters."""
+    from elastic_attention.training.trainer import LM_LOSSES, forward_pack
+
+    trainer = _expected_trainer(tmp_path, random_suite_backbone, lm_loss)
+    model, device = trainer.model, torch.device("cpu")
+    (router,) = ea.routers_of(model).values()
+    router.temperature = 0.7
+    pack = max(trainer.packs, key=lambda pack: len(pack.tasks))
+    assert len(pack.tasks) >= 2
+    lm_loss_value, msr, per_sample, tokens = trainer._expected_pack_terms(pack)
+    lm_loss_value.backward()
+    gradients = [parameter.grad.clone() for parameter in router.parameters()]
+    router.zero_grad()
+
+    sets = router.head_sets.bool()
+    losses = []
+    for head_set in sets:
+        ea.force_routing(model, head_set)
+        with torch.no_grad():
+            token_losses, samples = LM_LOSSES[lm_loss](model, pack, device)
+        losses.append(torch.bincount(samples, weights=token_losses.double(), minlength=len(pack.tasks)))
+    ea.force_routing(model, None)
+    losses = torch.stack(losses, dim=1)
+    pooled = []
+    hook = router.register_forward_pre_hook(lambda module, args: pooled.append(args[0]))
+    try:
+        with torch.no_grad():
+            forward_pack(model.eval(), pack, device, logits_to_keep=1)
+    finally:
+        hook.remove()
+    probabilities = torch.softmax(router.choice_logits(pooled[0]).double() / 0.7, dim=-1)
+    expected = (probabilities * losses).sum() / tokens.sum()
+    torch.testing.assert_close(lm_loss_value.double(), expected, rtol=1e-5, atol=1e-7)
+    set_msr = 1.0 - sets.double().mean(dim=(1, 2))
+    torch.testing.assert_close(msr.detach().double(), probabilities.detach() @ set_msr, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(per_sample, (probabilities.detach() * losses).sum(dim=1), rtol=1e-5, atol=1e-7)
+    assert (losses[:, 2] - losses[:, 0]).abs().min() > 1e-3  # the sets' losses differ, so their weights matter
+    expected.backward()
+    for gradient, parameter in zip(gradients, router.parameters()):
+        torch.testing.assert_close(gradient.double(), parameter.grad.double(), rtol=1e-4, atol=1e-8)
+
+
+def test_a_run_on_the_expected_objective_trains_the_router_and_logs_its_expectations(tmp_path,
+                                                                                    random_suite_backbone):
+    trainer = _expected_trainer(tmp_path, random_suite_backbone, steps=3)
+    (router,) = ea.routers_of(trainer.model).values()
+    before = [parameter.detach().clone() for parameter in router.parameters()]
+    trainer.finish(trainer.train())
+    assert any(not torch.equal(old, new) for old, new in zip(before, router.parameters()))
+    assert runtime_of(trainer.model).routing.forced_set is None
+    logged = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    assert len(logged) == 3
+    for row in logged:
+        values = [float(value) for key, value in row.items() if key.startswith("msr/") and value not in ("", "nan")]
+        assert values and all(0.0 < value < 1.0 for value in values)  # expectations, never a single set's 0 or 1
+        assert float(row["lm_loss"]) > 0
+
+
+def test_the_expected_objective_errors_name_the_fix(tmp_path):
+    search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
+    with pytest.raises(ConfigError, match="`head_set_objective` must be one of"):
+        TrainConfig(model="m", head_set_objective="exact")
+    with pytest.raises(ConfigError, match="set `elastic.head_set_choices`"):
+        TrainConfig(model="m", head_set_objective="expected")
+    with pytest.raises(ConfigError, match="use `distributed: ddp` or one GPU"):
+        TrainConfig(model="m", elastic={"head_set_choices": 3}, initial_full_heads=str(search),
+                    head_set_choices_msrs=[0.0, 0.75, 1.0], head_set_objective="expected", distributed="fsdp")

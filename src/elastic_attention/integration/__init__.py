@@ -3,6 +3,7 @@
 from elastic_attention.integration.attach import (
     attach,
     detach,
+    force_head_set,
     force_routing,
     is_attached,
     routers_of,
@@ -19,6 +20,7 @@ __all__ = [
     "RoutingReport",
     "attach",
     "detach",
+    "force_head_set",
     "force_routing",
     "is_attached",
     "routers_of",

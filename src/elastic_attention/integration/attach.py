@@ -302,6 +302,25 @@ def force_routing(model: nn.Module, routing: str | torch.Tensor | None) -> None:
         runtime.forced = routing.to(torch.bool).cpu()
 
 
+def force_head_set(model: nn.Module, index: int | None) -> None:
+    """Run the head set ``index`` of the model's `HeadSetRouter` for every prompt while the router still scores
+    them (its logits of each prefill in ``runtime_of(model).routing.set_logits``); None lets it choose again.
+    A routing forced by `force_routing` takes precedence.
+
+    Raises:
+        ConfigError: the model routes per head (no ``head_set_choices``), or ``index`` is not one of its sets.
+    """
+    routing = runtime_of(model).routing
+    choices = routing.config.head_set_choices
+    if index is not None:
+        if not choices:
+            raise ConfigError("force_head_set needs a head-set router (`head_set_choices`); this model's routers "
+                              "decide each KV head: use force_routing")
+        if not 0 <= index < choices:
+            raise ConfigError(f"head set {index} does not exist: the router chooses among sets 0 to {choices - 1}")
+    routing.forced_set = index
+
+
 def _key_hook(runtime: ElasticRuntime, layer_index: int):
     @torch.compiler.disable  # a compiled layer (compile_decode) calls it as it is, without tracing into the runtime
     def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:

@@ -32,6 +32,8 @@ SUITE_TARGETS = {
 
 #: What the LM term of the objective measures on the supervised tokens (see `TrainConfig.lm_loss`).
 LM_LOSS_KINDS = ("cross_entropy", "distillation")
+#: How a step scores a head-set router's choice (`TrainConfig.head_set_objective`).
+HEAD_SET_OBJECTIVES = ("sampled", "expected")
 
 #: Router learning-rate schedules after the warm-up.
 LR_SCHEDULES = ("cosine", "constant")
@@ -125,6 +127,13 @@ class TrainConfig:
             sparse): e.g. ``[0.5, 0.6, 0.7, 0.8, 1.0]``. With ``initial_full_probability`` the set with the most
             full heads starts at that probability. Not with ``initial_full_heads_msr``, ``sparse_outside_initial_heads``
             or ``margin_limit`` (which act on per-head routers).
+        head_set_objective: how a step scores a head-set router's choice: ``"sampled"`` (the paper's estimator:
+            one Gumbel-softmax choice per prompt, its gradient straight through the chosen set's heads) or
+            ``"expected"`` (each pack runs once under each of the C sets, without gradients; the LM term and each
+            prompt's MSR in the sparsity term are their expectations under the router's softmax at the temperature,
+            so a prompt on a set that fails it learns from the loss it has on every other set, however sure the
+            router was; C no-grad forwards a pack and no backward through the backbone). Not with ``distributed:
+            fsdp``.
         initial_router: a router adapter folder (`save_router`'s, e.g. a finished run's ``router/``) to start from:
             its weights, input statistics and pins replace the routers' initialization (no calibration), so a run
             can continue where an earlier one's adapter left off. The optimizer's state and the objective's
@@ -165,6 +174,7 @@ class TrainConfig:
     initial_full_heads_msr: float | None = None
     sparse_outside_initial_heads: bool = False
     head_set_choices_msrs: list[float] | None = None
+    head_set_objective: str = "sampled"
     initial_router: str | None = None
     checkpoint_every: int = 0
     seed: int = 0
@@ -222,6 +232,16 @@ class TrainConfig:
                               "not set: give the head set (the --out file of scripts/head_set_search.py)")
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"`warmup_fraction` must be in [0, 1), got {self.warmup_fraction}")
+        if self.head_set_objective not in HEAD_SET_OBJECTIVES:
+            raise ConfigError(f"`head_set_objective` must be one of {HEAD_SET_OBJECTIVES}, got "
+                              f"{self.head_set_objective!r}")
+        if self.head_set_objective == "expected":
+            if not self.elastic.get("head_set_choices"):
+                raise ConfigError("`head_set_objective: expected` scores the sets of a head-set router: set "
+                                  "`elastic.head_set_choices` (or use the default, sampled)")
+            if self.distributed == "fsdp":
+                raise ConfigError("`head_set_objective: expected` runs its forwards without gradients, which FSDP's "
+                                  "sharded router does not support: use `distributed: ddp` or one GPU")
         if self.lm_loss not in LM_LOSS_KINDS:
             raise ConfigError(f"`lm_loss` must be one of {LM_LOSS_KINDS}, got {self.lm_loss!r}")
         if self.lr_schedule not in LR_SCHEDULES:

@@ -22,7 +22,14 @@ import torch.distributed as dist
 
 from elastic_attention.adapters import load_router, router_state_dict, save_router
 from elastic_attention.errors import ConfigError
-from elastic_attention.integration import attach, is_attached, routers_of, routing_report, runtime_of
+from elastic_attention.integration import (
+    attach,
+    force_head_set,
+    is_attached,
+    routers_of,
+    routing_report,
+    runtime_of,
+)
 from elastic_attention.integration.runtime import NOISE_SEED_KWARG, PROMPT_LENGTHS_KWARG
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.checkpoint import flatten_optimizer, save_checkpoint, unflatten_optimizer
@@ -295,9 +302,7 @@ class RouterTrainer:
                 continue
             pack = self.packs[pack_index]
             noise_seed = config.seed * 1_000_003 + self.step * 1009 + position
-            token_losses, samples = self.lm_loss(self.model, pack, self.device, noise_seed=noise_seed)
-            lm_loss = token_losses.mean()
-            msr = routing_report(self.model).msr
+            lm_loss, msr, per_sample, tokens = self._pack_terms(pack, noise_seed)
             regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
             # Every process scales by world / packs: averaging gradients over processes (FSDP's reduce-scatter, the
             # all-reduce below) then yields the mean over the step's packs, however they are split.
@@ -307,9 +312,6 @@ class RouterTrainer:
             sums["reg_loss"] += float(regularisation.detach())
             for task, value in zip(pack.tasks, msr.tolist()):
                 task_msr[task].append(value)
-            count = len(pack.tasks)
-            per_sample = torch.bincount(samples, weights=token_losses.detach().cpu().double(), minlength=count)
-            tokens = torch.bincount(samples, minlength=count)
             for task, total, supervised in zip(pack.tasks, per_sample.tolist(), tokens.tolist()):
                 task_lm[task][0] += total
                 task_lm[task][1] += supervised
@@ -318,6 +320,44 @@ class RouterTrainer:
             torch.nn.utils.clip_grad_norm_(self.router_parameters, config.grad_clip)
         self.optimizer.step()
         return self._metrics(sums, task_msr, task_lm, len(order), temperature, scale)
+
+    def _pack_terms(self, pack: Pack, noise_seed: int):
+        """One pack's LM term (scalar), each sample's MSR ([N], both with the routers' gradient), and each sample's
+        summed token loss and supervised tokens ([N] float64 and int64 on the CPU, for the logs)."""
+        if self.config.head_set_objective == "expected":
+            return self._expected_pack_terms(pack)
+        token_losses, samples = self.lm_loss(self.model, pack, self.device, noise_seed=noise_seed)
+        count = len(pack.tasks)
+        per_sample = torch.bincount(samples, weights=token_losses.detach().cpu().double(), minlength=count)
+        return token_losses.mean(), routing_report(self.model).msr, per_sample, torch.bincount(samples, minlength=count)
+
+    def _expected_pack_terms(self, pack: Pack):
+        """`_pack_terms` under ``head_set_objective: expected``: the pack runs once under each head set (no
+        gradients), and the LM term and MSRs are their expectations under the router's softmax at its temperature:
+        LM = sum over samples n and sets c of p[n, c] * L[n, c] / K (L: the sample's summed token loss under set c,
+        K: the pack's supervised tokens, so under hard choices it is the sampled objective's token mean), and
+        MSR[n] = sum over c of p[n, c] * MSR(c)."""
+        (router,) = routers_of(self.model).values()
+        routing = runtime_of(self.model).routing
+        count = len(pack.tasks)
+        summed, logits = [], None
+        try:
+            for index in range(router.choices):
+                force_head_set(self.model, index)
+                with torch.no_grad():
+                    token_losses, samples = self.lm_loss(self.model, pack, self.device)
+                logits = routing.set_logits if logits is None else logits  # the same keys under every set
+                summed.append(torch.bincount(samples.to(self.device), weights=token_losses.double(),
+                                             minlength=count))
+        finally:
+            force_head_set(self.model, None)
+        losses = torch.stack(summed, dim=1).float()  # [N, C]
+        tokens = torch.bincount(samples, minlength=count)
+        probabilities = torch.softmax(logits / router.temperature, dim=-1)
+        set_msr = 1.0 - router.head_sets.mean(dim=(1, 2))  # [C]
+        lm_loss = (probabilities * losses).sum() / tokens.sum()
+        per_sample = (probabilities.detach() * losses).sum(dim=1).cpu().double()
+        return lm_loss, probabilities @ set_msr, per_sample, tokens
 
     def _lr_scale(self, step: float) -> float:
         warmup = round(self.config.warmup_fraction * self.config.steps)
