@@ -235,8 +235,8 @@ def test_generation_keeps_each_prompts_set_in_the_bounded_cache():
 
 
 def test_a_forced_head_set_runs_that_set_for_every_prompt_and_still_scores_them():
-    """Oracle: `force_routing` with the same set gives the same logits; the router's logits read independently from
-    the pooled keys of an unforced forward; the scores carry their gradient out of a no-grad forward."""
+    """Oracle: `force_routing` with the same set gives the same logits; what the router reads, captured at its own
+    call in an unforced forward."""
     model, router = _attached()
     ids = torch.randint(3, 90, (5, 37), generator=torch.Generator().manual_seed(11))
     pooled = []
@@ -252,8 +252,7 @@ def test_a_forced_head_set_runs_that_set_for_every_prompt_and_still_scores_them(
         with torch.no_grad():
             forced_set = model(input_ids=ids).logits
         assert all(torch.equal(decisions, head_set) for decisions in ea.routing_report(model).decisions)
-        assert routing.set_logits.requires_grad
-        torch.testing.assert_close(routing.set_logits, router.choice_logits(pooled[0]))
+        torch.testing.assert_close(routing.set_router_input, pooled[0])
         force_head_set(model, None)
         ea.force_routing(model, head_set)
         with torch.no_grad():
@@ -261,7 +260,7 @@ def test_a_forced_head_set_runs_that_set_for_every_prompt_and_still_scores_them(
         ea.force_routing(model, None)
     with torch.no_grad():
         model(input_ids=ids)
-    assert routing.set_logits is None  # the router chose again
+    assert routing.set_router_input is None  # the router chose again
     with pytest.raises(ConfigError, match="head set 3 does not exist: the router chooses among sets 0 to 2"):
         force_head_set(model, 3)
     per_head = tiny_model("llama", layers=2)
@@ -328,6 +327,22 @@ def test_the_expected_objective_weighs_each_sets_loss_by_the_routers_softmax(tmp
     expected.backward()
     for gradient, parameter in zip(gradients, router.parameters()):
         torch.testing.assert_close(gradient.double(), parameter.grad.double(), rtol=1e-4, atol=1e-8)
+
+    # A second visit runs no forward and gives the same terms, through the router's current weights.
+    model.train()
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        again = trainer._expected_pack_terms(pack)
+    finally:
+        hook.remove()
+    assert not forwards and len(trainer.set_losses) == 1
+    for first, second in zip((lm_loss_value, msr, per_sample, tokens), again):
+        torch.testing.assert_close(second.detach(), first.detach())
+    with torch.no_grad():
+        router.router_mlp[-1].bias.add_(torch.tensor([0.0, 0.0, 2.0]))
+    moved = trainer._expected_pack_terms(pack)[1]
+    assert bool((moved > msr.detach()).all())  # more weight on the all-sparse set
 
 
 def test_a_run_on_the_expected_objective_trains_the_router_and_logs_its_expectations(tmp_path,

@@ -4,8 +4,8 @@ A prefill routes every routed layer once, from that layer's pre-RoPE keys (`rout
 decode steps that follow, reordered with the batch (`select_sequences`). With a `HeadSetRouter` the first routed
 layer's keys choose one head set per prompt, and every routed layer takes that set's heads. Routing can be forced
 (every head full or sparse, or a fixed head set) instead of asking the routers; a `HeadSetRouter` can also be made to
-run one of its own sets for every prompt while it still scores them (``forced_set``, for training on the expected
-objective). In train mode each layer draws its
+run one of its own sets for every prompt while what it would read is kept (``forced_set``, for training on the
+expected objective). In train mode each layer draws its
 Gumbel noise from a seed taken once per forward, so a layer recomputed in the backward pass (gradient
 checkpointing) routes the same.
 """
@@ -36,8 +36,8 @@ class ModelRouting:
             straight-through gradient in training).
         choice: with a `HeadSetRouter`, [N, C] the last prefill's one-hot choice of head set (None otherwise).
         forced_set: with a `HeadSetRouter`, None (it chooses), or the index of the set every prompt runs.
-        set_logits: with ``forced_set``, [N, C] float32 the router's logits of the last prefill's prompts, with
-            their gradient even when the forward runs without one (None otherwise).
+        set_router_input: with ``forced_set``, [N, Hkv, D] what the router read for the last prefill's prompts (the
+            first routed layer's pooled keys, which no set changes; None otherwise).
     """
 
     def __init__(self, config: ElasticConfig, routers: dict[int, AttentionRouter], routed_layers: tuple[int, ...],
@@ -50,7 +50,7 @@ class ModelRouting:
         self.decisions: dict[int, torch.Tensor] = {}
         self.choice: torch.Tensor | None = None
         self.forced_set: int | None = None
-        self.set_logits: torch.Tensor | None = None
+        self.set_router_input: torch.Tensor | None = None
         self._prompt_lengths: list[int] | None = None
         self._noise_seed: int | None = None
         self._noise_source: torch.Generator | None = None
@@ -61,7 +61,7 @@ class ModelRouting:
         all of them) and draw this forward's noise from ``noise_seed`` (None: torch's global generator)."""
         self.decisions = {}
         self.choice = None
-        self.set_logits = None
+        self.set_router_input = None
         self._noise_seeds = {}
         self._prompt_lengths, self._noise_seed, self._noise_source = prompt_lengths, noise_seed, None
 
@@ -110,10 +110,10 @@ class ModelRouting:
         return router(pooled, generator=self._noise_generator(layer_index, keys.device) if router.training else None)
 
     def _score_forced_set(self, router, keys: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
-        """[N, C] one-hot ``forced_set`` for every prompt; the router's logits for them go to ``set_logits``."""
+        """[N, C] one-hot ``forced_set`` for every prompt; what the router would have read goes to
+        ``set_router_input``."""
         pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self._prompt_lengths)
-        with torch.enable_grad():
-            self.set_logits = router.choice_logits(pooled)
+        self.set_router_input = pooled.detach()
         index = torch.full((layout.num_sequences,), self.forced_set, dtype=torch.long, device=keys.device)
         return torch.nn.functional.one_hot(index, router.choices).float()
 

@@ -121,6 +121,7 @@ class RouterTrainer:
         self.packs = self._build_packs()
         self.lm_loss = LM_LOSSES[config.lm_loss]
         self.teacher_cache = None
+        self.set_losses = SetLosses()
         if config.lm_loss == "distillation" and config.teacher_cache:
             self.teacher_cache = TeacherCache()
             self.lm_loss = functools.partial(distillation_token_losses, teacher_cache=self.teacher_cache)
@@ -264,6 +265,8 @@ class RouterTrainer:
             summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.device)
         if self.teacher_cache is not None:
             summary["teacher_cache_bytes"] = 4 * self.teacher_cache.values
+        if self.config.head_set_objective == "expected":
+            summary["packs_run_under_each_set"] = len(self.set_losses)  # on this process
         return summary
 
     def _agreed_seconds(self, seconds: float) -> float:
@@ -332,32 +335,37 @@ class RouterTrainer:
         return token_losses.mean(), routing_report(self.model).msr, per_sample, torch.bincount(samples, minlength=count)
 
     def _expected_pack_terms(self, pack: Pack):
-        """`_pack_terms` under ``head_set_objective: expected``: the pack runs once under each head set (no
-        gradients), and the LM term and MSRs are their expectations under the router's softmax at its temperature:
-        LM = sum over samples n and sets c of p[n, c] * L[n, c] / K (L: the sample's summed token loss under set c,
-        K: the pack's supervised tokens, so under hard choices it is the sampled objective's token mean), and
-        MSR[n] = sum over c of p[n, c] * MSR(c)."""
+        """`_pack_terms` under ``head_set_objective: expected``: the LM term and MSRs are expectations under the
+        router's softmax at its temperature, LM = sum over samples n and sets c of p[n, c] * L[n, c] / K (L: the
+        sample's summed token loss under set c, K: the pack's supervised tokens, so under hard choices it is the
+        sampled objective's token mean) and MSR[n] = sum over c of p[n, c] * MSR(c). L and what the router reads
+        come from `SetLosses` (C no-grad forwards at a pack's first visit only)."""
+        (router,) = routers_of(self.model).values()
+        losses, router_input, tokens = self.set_losses.of(pack, self._pack_under_each_set)
+        probabilities = torch.softmax(router.choice_logits(router_input.to(self.device)) / router.temperature, dim=-1)
+        losses = losses.to(self.device)
+        set_msr = 1.0 - router.head_sets.mean(dim=(1, 2))  # [C]
+        lm_loss = (probabilities * losses).sum() / tokens.sum()
+        per_sample = (probabilities.detach() * losses).sum(dim=1).cpu().double()
+        return lm_loss, probabilities @ set_msr, per_sample, tokens
+
+    def _pack_under_each_set(self, pack: Pack):
+        """([N, C] float32 summed token loss of each sample under each head set, [N, Hkv, D] what the router reads
+        for them, [N] int64 supervised tokens), all on the CPU: C forwards without gradients."""
         (router,) = routers_of(self.model).values()
         routing = runtime_of(self.model).routing
         count = len(pack.tasks)
-        summed, logits = [], None
+        summed = []
         try:
             for index in range(router.choices):
                 force_head_set(self.model, index)
                 with torch.no_grad():
                     token_losses, samples = self.lm_loss(self.model, pack, self.device)
-                logits = routing.set_logits if logits is None else logits  # the same keys under every set
-                summed.append(torch.bincount(samples.to(self.device), weights=token_losses.double(),
-                                             minlength=count))
+                summed.append(torch.bincount(samples, weights=token_losses.double().cpu(), minlength=count))
         finally:
             force_head_set(self.model, None)
-        losses = torch.stack(summed, dim=1).float()  # [N, C]
-        tokens = torch.bincount(samples, minlength=count)
-        probabilities = torch.softmax(logits / router.temperature, dim=-1)
-        set_msr = 1.0 - router.head_sets.mean(dim=(1, 2))  # [C]
-        lm_loss = (probabilities * losses).sum() / tokens.sum()
-        per_sample = (probabilities.detach() * losses).sum(dim=1).cpu().double()
-        return lm_loss, probabilities @ set_msr, per_sample, tokens
+        return (torch.stack(summed, dim=1).float(), routing.set_router_input.float().cpu(),
+                torch.bincount(samples, minlength=count))
 
     def _lr_scale(self, step: float) -> float:
         warmup = round(self.config.warmup_fraction * self.config.steps)
@@ -563,6 +571,27 @@ class TeacherCache:
             self.values += fresh.numel()
             return fresh
         return stored.to(device, non_blocking=True)
+
+
+class SetLosses:
+    """Under ``head_set_objective: expected``, each pack's losses under every head set and what the router reads
+    for its samples, kept in host memory after the pack's first visit. The backbone is frozen and the sets are fixed,
+    so they are the same at every visit: a pack costs its C forwards once, and each later visit only the router's
+    forward (a few values a sample: N x C losses and N x Hkv x D pooled keys)."""
+
+    def __init__(self) -> None:
+        self._stored: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def of(self, pack: Pack, compute) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``compute(pack)``'s result for ``pack`` (the packs of a run live as long as it), computed at the pack's
+        first visit only."""
+        stored = self._stored.get(id(pack))
+        if stored is None:
+            stored = self._stored[id(pack)] = compute(pack)
+        return stored
+
+    def __len__(self) -> int:
+        return len(self._stored)
 
 
 def distillation_token_losses(model, pack: Pack, device: torch.device, noise_seed: int | None = None,
