@@ -305,8 +305,7 @@ def force_routing(model: nn.Module, routing: str | torch.Tensor | None) -> None:
 def force_head_set(model: nn.Module, index: int | None) -> None:
     """Run the head set ``index`` of the model's `HeadSetRouter` for every prompt, keeping what the router would
     have read (each prefill's pooled keys in ``runtime_of(model).routing.set_router_input``); None lets it choose
-    again.
-    A routing forced by `force_routing` takes precedence.
+    again. A routing forced by `force_routing` takes precedence.
 
     Raises:
         ConfigError: the model routes per head (no ``head_set_choices``), or ``index`` is not one of its sets.

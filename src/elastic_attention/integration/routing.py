@@ -5,9 +5,8 @@ decode steps that follow, reordered with the batch (`select_sequences`). With a 
 layer's keys choose one head set per prompt, and every routed layer takes that set's heads. Routing can be forced
 (every head full or sparse, or a fixed head set) instead of asking the routers; a `HeadSetRouter` can also be made to
 run one of its own sets for every prompt while what it would read is kept (``forced_set``, for training on the
-expected objective). In train mode each layer draws its
-Gumbel noise from a seed taken once per forward, so a layer recomputed in the backward pass (gradient
-checkpointing) routes the same.
+expected objective). In train mode each layer draws its Gumbel noise from a seed taken once per forward, so a layer
+recomputed in the backward pass (gradient checkpointing) routes the same.
 """
 
 from __future__ import annotations

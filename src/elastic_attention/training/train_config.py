@@ -132,8 +132,8 @@ class TrainConfig:
             ``"expected"`` (each pack runs once under each of the C sets, without gradients; the LM term and each
             prompt's MSR in the sparsity term are their expectations under the router's softmax at the temperature,
             so a prompt on a set that fails it learns from the loss it has on every other set, however sure the
-            router was; C no-grad forwards a pack and no backward through the backbone). Not with ``distributed:
-            fsdp``.
+            router was; C no-grad forwards at a pack's first visit, whose results its later visits reuse, and no
+            backward through the backbone). Not with ``distributed: fsdp``.
         initial_router: a router adapter folder (`save_router`'s, e.g. a finished run's ``router/``) to start from:
             its weights, input statistics and pins replace the routers' initialization (no calibration), so a run
             can continue where an earlier one's adapter left off. The optimizer's state and the objective's

@@ -121,7 +121,9 @@ class RouterTrainer:
         self.packs = self._build_packs()
         self.lm_loss = LM_LOSSES[config.lm_loss]
         self.teacher_cache = None
-        self.set_losses = SetLosses()
+        #: ``head_set_objective: expected``: id(pack) -> `_pack_under_each_set`'s result. The backbone is frozen and
+        #: the sets are fixed, so a pack's are the same at every visit: its C forwards run at its first visit only.
+        self.set_losses: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         if config.lm_loss == "distillation" and config.teacher_cache:
             self.teacher_cache = TeacherCache()
             self.lm_loss = functools.partial(distillation_token_losses, teacher_cache=self.teacher_cache)
@@ -339,9 +341,11 @@ class RouterTrainer:
         router's softmax at its temperature, LM = sum over samples n and sets c of p[n, c] * L[n, c] / K (L: the
         sample's summed token loss under set c, K: the pack's supervised tokens, so under hard choices it is the
         sampled objective's token mean) and MSR[n] = sum over c of p[n, c] * MSR(c). L and what the router reads
-        come from `SetLosses` (C no-grad forwards at a pack's first visit only)."""
+        come from `_pack_under_each_set` at the pack's first visit, from ``set_losses`` at the later ones."""
         (router,) = routers_of(self.model).values()
-        losses, router_input, tokens = self.set_losses.of(pack, self._pack_under_each_set)
+        if id(pack) not in self.set_losses:
+            self.set_losses[id(pack)] = self._pack_under_each_set(pack)
+        losses, router_input, tokens = self.set_losses[id(pack)]
         probabilities = torch.softmax(router.choice_logits(router_input.to(self.device)) / router.temperature, dim=-1)
         losses = losses.to(self.device)
         set_msr = 1.0 - router.head_sets.mean(dim=(1, 2))  # [C]
@@ -571,27 +575,6 @@ class TeacherCache:
             self.values += fresh.numel()
             return fresh
         return stored.to(device, non_blocking=True)
-
-
-class SetLosses:
-    """Under ``head_set_objective: expected``, each pack's losses under every head set and what the router reads
-    for its samples, kept in host memory after the pack's first visit. The backbone is frozen and the sets are fixed,
-    so they are the same at every visit: a pack costs its C forwards once, and each later visit only the router's
-    forward (a few values a sample: N x C losses and N x Hkv x D pooled keys)."""
-
-    def __init__(self) -> None:
-        self._stored: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-    def of(self, pack: Pack, compute) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``compute(pack)``'s result for ``pack`` (the packs of a run live as long as it), computed at the pack's
-        first visit only."""
-        stored = self._stored.get(id(pack))
-        if stored is None:
-            stored = self._stored[id(pack)] = compute(pack)
-        return stored
-
-    def __len__(self) -> int:
-        return len(self._stored)
 
 
 def distillation_token_losses(model, pack: Pack, device: torch.device, noise_seed: int | None = None,
