@@ -468,6 +468,10 @@ def test_resume_drops_metrics_logged_after_the_last_checkpoint(tmp_path, random_
 
 STANDARDIZING = {"elastic": {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8,
                               "router_standardize": True}}
+#: A head-set router on the expected objective (its two sets: the file's set at MSR 0.5 and every head sparse).
+HEAD_SETS_EXPECTED = {"elastic": {**STANDARDIZING["elastic"], "head_set_choices": 2},
+                      "initial_full_heads": "head_sets.json", "head_set_choices_msrs": [0.5, 1.0],
+                      "initial_full_probability": 0.7, "head_set_objective": "expected"}
 
 
 @pytest.mark.slow
@@ -475,8 +479,10 @@ STANDARDIZING = {"elastic": {"block_size": 32, "sink_tokens": 32, "local_tokens"
                                                ("fsdp", {"fsdp_reshard_after_forward": False}),
                                                ("fsdp", STANDARDIZING),
                                                ("fsdp", {**STANDARDIZING, "initial_full_probability": 0.9,
-                                                         "initial_full_heads": "head_sets.json"})],
-                         ids=["ddp", "fsdp", "fsdp_keep", "fsdp_standardizing_router", "fsdp_from_a_head_set"])
+                                                         "initial_full_heads": "head_sets.json"}),
+                                               ("ddp", HEAD_SETS_EXPECTED)],
+                         ids=["ddp", "fsdp", "fsdp_keep", "fsdp_standardizing_router", "fsdp_from_a_head_set",
+                              "ddp_head_set_router_expected"])
 def test_two_gloo_processes_match_one_process(tmp_path, random_suite_backbone, distributed, extra):
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ELASTIC_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
     if "initial_full_heads" in extra:  # a file name: the file goes into this test's folder
