@@ -1,6 +1,6 @@
 """`HeadSetRouter` (``ElasticConfig.head_set_choices``): one choice per prompt among fixed head sets, taken from the
 first routed layer's keys and applied in every routed layer; its straight-through choice, its adapter, and training
-it from a head-set file."""
+it from a head-set file on the sampled or the expected objective."""
 
 import csv
 import json
@@ -234,7 +234,7 @@ def test_generation_keeps_each_prompts_set_in_the_bounded_cache():
                                atol=1e-5, rtol=1e-5)
 
 
-def test_a_forced_head_set_runs_that_set_for_every_prompt_and_still_scores_them():
+def test_a_forced_head_set_runs_that_set_for_every_prompt_and_keeps_what_the_router_reads():
     """Oracle: `force_routing` with the same set gives the same logits; what the router reads, captured at its own
     call in an unforced forward."""
     model, router = _attached()
@@ -264,7 +264,8 @@ def test_a_forced_head_set_runs_that_set_for_every_prompt_and_still_scores_them(
     with pytest.raises(ConfigError, match="head set 3 does not exist: the router chooses among sets 0 to 2"):
         force_head_set(model, 3)
     per_head = tiny_model("llama", layers=2)
-    ea.attach(per_head, ea.ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4), backend="reference")
+    ea.attach(per_head, ea.ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4),
+              backend="reference")
     with pytest.raises(ConfigError, match="needs a head-set router"):
         force_head_set(per_head, 0)
 
