@@ -44,17 +44,23 @@ def _attached(seed=0):
     return model, router
 
 
-def _route(model, router, ids):
-    """(decisions [N, layers, Hkv], the choices an independent reading of the router's logits makes)."""
+def _router_input(router, forward):
+    """What ``router`` reads (its pooled keys) in the no-grad call ``forward()``, captured at its own call."""
     pooled = []
     hook = router.register_forward_pre_hook(lambda module, args: pooled.append(args[0]))
     try:
         with torch.no_grad():
-            model(input_ids=ids)
+            forward()
     finally:
         hook.remove()
+    return pooled[0]
+
+
+def _route(model, router, ids):
+    """(decisions [N, layers, Hkv], the choices an independent reading of the router's logits makes)."""
+    pooled = _router_input(router, lambda: model(input_ids=ids))
     with torch.no_grad():
-        expected = router.logits(pooled[0]).mean(dim=1).argmax(dim=-1)  # [N, Hkv, C] averaged over the heads
+        expected = router.logits(pooled).mean(dim=1).argmax(dim=-1)  # [N, Hkv, C] averaged over the heads
     return ea.routing_report(model).decisions, expected
 
 
@@ -239,20 +245,14 @@ def test_a_forced_head_set_runs_that_set_for_every_prompt_and_keeps_what_the_rou
     call in an unforced forward."""
     model, router = _attached()
     ids = torch.randint(3, 90, (5, 37), generator=torch.Generator().manual_seed(11))
-    pooled = []
-    hook = router.register_forward_pre_hook(lambda module, args: pooled.append(args[0]))
-    try:
-        with torch.no_grad():
-            model(input_ids=ids)
-    finally:
-        hook.remove()
+    pooled = _router_input(router, lambda: model(input_ids=ids))
     routing = runtime_of(model).routing
     for index, head_set in enumerate(SETS):
         force_head_set(model, index)
         with torch.no_grad():
             forced_set = model(input_ids=ids).logits
         assert all(torch.equal(decisions, head_set) for decisions in ea.routing_report(model).decisions)
-        torch.testing.assert_close(routing.set_router_input, pooled[0])
+        torch.testing.assert_close(routing.set_router_input, pooled)
         force_head_set(model, None)
         ea.force_routing(model, head_set)
         with torch.no_grad():
@@ -311,14 +311,8 @@ def test_the_expected_objective_weighs_each_sets_loss_by_the_routers_softmax(tmp
         losses.append(torch.bincount(samples, weights=token_losses.double(), minlength=len(pack.tasks)))
     ea.force_routing(model, None)
     losses = torch.stack(losses, dim=1)
-    pooled = []
-    hook = router.register_forward_pre_hook(lambda module, args: pooled.append(args[0]))
-    try:
-        with torch.no_grad():
-            forward_pack(model.eval(), pack, device, logits_to_keep=1)
-    finally:
-        hook.remove()
-    probabilities = torch.softmax(router.choice_logits(pooled[0]).double() / 0.7, dim=-1)
+    pooled = _router_input(router, lambda: forward_pack(model.eval(), pack, device, logits_to_keep=1))
+    probabilities = torch.softmax(router.choice_logits(pooled).double() / 0.7, dim=-1)
     expected = (probabilities * losses).sum() / tokens.sum()
     torch.testing.assert_close(lm_loss_value.double(), expected, rtol=1e-5, atol=1e-7)
     set_msr = 1.0 - sets.double().mean(dim=(1, 2))
