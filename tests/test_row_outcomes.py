@@ -1,0 +1,93 @@
+"""scripts/row_outcomes.py: the rescored rows, the per-row ceiling, the full-or-all-SSA choice and elastic's losses
+against a brute-force count over hand-made predictions of synthetic rows."""
+
+import json
+
+import pytest
+from conftest import load_script
+
+LENGTH, ROWS = 256, 7
+#: mode -> task -> which rows it answers (1) or misses (0).
+ANSWERED = {
+    "full": {"needle_single": [1, 1, 1, 0, 1, 1, 0], "local_recall": [1, 0, 1, 1, 0, 1, 1]},
+    "sparse": {"needle_single": [0, 0, 1, 0, 0, 0, 0], "local_recall": [1, 1, 1, 1, 0, 1, 1]},
+    "elastic": {"needle_single": [1, 0, 1, 1, 1, 0, 0], "local_recall": [1, 1, 0, 1, 0, 1, 1]},
+}
+
+
+def _results() -> list[dict]:
+    from elastic_attention.evaluation.suites import suite_of
+
+    results = []
+    for task in ("needle_single", "local_recall"):
+        rows = suite_of(task).generate(task, LENGTH, 0, ROWS, None)
+        for mode, answered in ANSWERED.items():
+            results.append({"mode": mode, "task": task, "kind": suite_of(task).kind(task), "length": LENGTH,
+                            "samples": ROWS, "accuracy": sum(answered[task]) / ROWS, "msr": 0.5,
+                            "predictions": [row.answer if hit else "no idea" for row, hit in zip(rows, answered[task])]})
+    return results
+
+
+def test_ceiling_full_or_sparse_and_losses_match_a_brute_force_count():
+    script = load_script("row_outcomes")
+    from elastic_attention.evaluation.frontier import point
+
+    results = _results()
+    scores = script.row_scores(results, None, seed=0)
+    assert scores[("elastic", "needle_single", LENGTH)] == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    full = [r for r in results if r["mode"] == "full"]
+
+    expected_ceiling, expected_either, expected_msr = 0.0, 0.0, 0.0
+    for task in ("needle_single", "local_recall"):
+        columns = [ANSWERED[mode][task] for mode in ANSWERED]
+        full_accuracy = sum(ANSWERED["full"][task]) / ROWS
+        expected_ceiling += sum(max(column) for column in zip(*columns)) / ROWS / full_accuracy / 2
+        f, s = ANSWERED["full"][task], ANSWERED["sparse"][task]
+        expected_either += sum(s[i] if s[i] >= f[i] else f[i] for i in range(ROWS)) / ROWS / full_accuracy / 2
+        expected_msr += sum(s[i] >= f[i] for i in range(ROWS)) / ROWS / 2
+    ceiling = point([*script.best_of_rows(scores, LENGTH), *full], script.CEILING, LENGTH)
+    either = point([*script.full_or_sparse_rows(scores, LENGTH), *full], script.FULL_OR_SPARSE, LENGTH)
+    assert ceiling.retention == pytest.approx(expected_ceiling)
+    assert either.retention == pytest.approx(expected_either)
+    assert either.msr == pytest.approx(expected_msr)
+    only_full = point([*script.best_of_rows(scores, LENGTH, modes=["full"]), *full], script.CEILING, LENGTH)
+    assert only_full.retention == pytest.approx(1.0)
+
+    assert script.elastic_losses(scores, "needle_single", LENGTH) == [1, 5]
+    assert script.elastic_losses(scores, "local_recall", LENGTH) == [2]
+    choices = {"set_msrs": [0.25, 0.5, 1.0], "logits": {f"needle_single@{LENGTH}": [[0, 3, 1]] * 5 + [[9, 0, 0]] * 2}}
+    assert script.chosen_msrs(choices, "needle_single", LENGTH) == [0.5] * 5 + [0.25] * 2
+    assert script.chosen_msrs(choices, "local_recall", LENGTH) is None
+
+
+def test_a_cell_whose_rows_do_not_score_its_accuracy_is_refused():
+    script = load_script("row_outcomes")
+    results = _results()
+    results[0]["accuracy"] = 1.0
+    with pytest.raises(ValueError, match="pass the evaluation's --seed"):
+        script.row_scores(results, None, seed=0)
+    with pytest.raises(ValueError, match="rebuilt here score"):
+        script.row_scores(_results(), None, seed=1)
+    results = _results()
+    results[2]["predictions"] = results[2]["predictions"][:-1]
+    with pytest.raises(ValueError, match="6 predictions for 7 samples"):
+        script.row_scores(results, None, seed=0)
+
+
+def test_main_reads_an_eval_file_and_its_choices(tmp_path, capsys):
+    from elastic_attention.assets import TINY_BACKBONE
+
+    script = load_script("row_outcomes")
+    eval_json, choices_json = tmp_path / "eval.json", tmp_path / "choices.json"
+    eval_json.write_text(json.dumps({"seed": 0, "results": _results()}))
+    choices_json.write_text(json.dumps({"set_msrs": [0.5, 1.0],
+                                        "logits": {f"needle_single@{LENGTH}": [[1, 0]] * 3 + [[0, 1]] * 4}}))
+    out = tmp_path / "outcomes.json"
+    summary = script.main([str(eval_json), "--model", str(TINY_BACKBONE), "--choices", str(choices_json),
+                           "--out", str(out)])
+    assert json.loads(out.read_text())["lengths"][str(LENGTH)]["elastic_losses"]["local_recall"]["rows"] == [2]
+    at = summary["lengths"][LENGTH]
+    assert at["elastic_losses"]["needle_single"] == {"rows": [1, 5], "chosen_set_msr": ["0.500", "1.000"]}
+    assert at["elastic_losses"]["local_recall"] == {"rows": [2], "chosen_set_msr": []}
+    assert at["full_or_sparse"]["msr"] == pytest.approx((3 / 7 + 7 / 7) / 2)  # all-SSA ties full on rows 2, 3, 6
+    assert "elastic below full on needle_single: 2 rows (chosen sets' MSR: 0.500, 1.000)" in capsys.readouterr().out
