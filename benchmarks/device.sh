@@ -39,7 +39,8 @@
 #                                                            # LENGTHS[/MODES[/TASKS]] (default "8k,16k 32k"; side by
 #                                                            # side on the GPU), then waits like real-table-wait
 #                                                            # (a group with the heads mode takes HEAD_SET=FILE and
-#                                                            # HEAD_SET_MSR=M: the set of scripts/head_set_search.py);
+#                                                            # HEAD_SET_MSR=M: the set of scripts/head_set_search.py;
+#                                                            # heads@M modes take the file's set at MSR M);
 #                                                            # ROUTER=none CONFIG=FILE: cells that need no router
 #                                                            # (full, sparse, static@M, heads@M), attached with the
 #                                                            # config's elastic settings, to merge with a router's later
@@ -280,7 +281,7 @@ case ${1:-} in
       modes=${modes:-${MODES:-full,elastic,sparse,static,static@0.7}}
       name=eval_${lengths//,/_}_${modes//[,@.]/_}
       heads=()
-      case ",$modes," in *,heads,*)
+      case ",$modes," in *,heads,*|*,heads@*)
         heads=(--head-set "${HEAD_SET:?the heads mode needs HEAD_SET=FILE}" ${HEAD_SET_MSR:+--head-set-msr "$HEAD_SET_MSR"}) ;;
       esac
       # setsid: the process outlives this call (the machine stays while calls follow back to back)
