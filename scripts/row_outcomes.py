@@ -98,12 +98,19 @@ def elastic_losses(scores: dict, task: str, length: int) -> list[int]:
     return [index for index, (f, e) in enumerate(zip(full, elastic)) if f > e]
 
 
-def chosen_msrs(choices: dict, task: str, length: int) -> list[float] | None:
+def chosen_msrs(choices: dict, task: str, length: int, rows: int | None = None) -> list[float] | None:
     """The MSR of the set the router chose (argmax) for each row, from `scripts/head_set_choices.py`'s JSON; None
-    when it has no logits for the cell."""
+    when it has no logits for the cell.
+
+    Raises:
+        ValueError: ``rows`` given and the choices hold another number of rows for the cell.
+    """
     logits = choices["logits"].get(f"{task}@{length}")
     if logits is None:
         return None
+    if rows is not None and len(logits) != rows:
+        raise ValueError(f"the evaluation has {rows} rows of {task} at {length} tokens, the choices {len(logits)}: "
+                         "run scripts/head_set_choices.py with the evaluation's --rows and --seed")
     return [choices["set_msrs"][max(range(len(row)), key=row.__getitem__)] for row in logits]
 
 
@@ -146,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             if ("elastic", task, length) not in scores or ("full", task, length) not in scores:
                 continue
             lost = elastic_losses(scores, task, length)
-            msrs = chosen_msrs(choices, task, length) if choices else None
+            msrs = chosen_msrs(choices, task, length, len(scores[("full", task, length)])) if choices else None
             on_sets = [f"{msrs[i]:.3f}" for i in lost] if msrs else []
             losses[task] = {"rows": lost, "chosen_set_msr": on_sets}
             if lost:

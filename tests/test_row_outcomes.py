@@ -22,9 +22,10 @@ def _results() -> list[dict]:
     for task in ("needle_single", "local_recall"):
         rows = suite_of(task).generate(task, LENGTH, 0, ROWS, None)
         for mode, answered in ANSWERED.items():
+            predictions = [row.answer if hit else "no idea" for row, hit in zip(rows, answered[task])]
             results.append({"mode": mode, "task": task, "kind": suite_of(task).kind(task), "length": LENGTH,
                             "samples": ROWS, "accuracy": sum(answered[task]) / ROWS, "msr": 0.5,
-                            "predictions": [row.answer if hit else "no idea" for row, hit in zip(rows, answered[task])]})
+                            "predictions": predictions})
     return results
 
 
@@ -58,6 +59,9 @@ def test_ceiling_full_or_sparse_and_losses_match_a_brute_force_count():
     choices = {"set_msrs": [0.25, 0.5, 1.0], "logits": {f"needle_single@{LENGTH}": [[0, 3, 1]] * 5 + [[9, 0, 0]] * 2}}
     assert script.chosen_msrs(choices, "needle_single", LENGTH) == [0.5] * 5 + [0.25] * 2
     assert script.chosen_msrs(choices, "local_recall", LENGTH) is None
+    with pytest.raises(ValueError, match="7 rows of needle_single at 256 tokens, the choices 5"):
+        script.chosen_msrs({**choices, "logits": {f"needle_single@{LENGTH}": [[0, 1, 2]] * 5}}, "needle_single",
+                           LENGTH, rows=ROWS)
 
 
 def test_a_cell_whose_rows_do_not_score_its_accuracy_is_refused():
