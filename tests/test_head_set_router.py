@@ -2,6 +2,7 @@
 first routed layer's keys and applied in every routed layer; its straight-through choice, its adapter, and training
 it from a head-set file on the sampled or the expected objective."""
 
+import dataclasses
 import csv
 import json
 
@@ -134,6 +135,33 @@ def test_a_run_trains_a_head_set_router_from_a_search_file(tmp_path, random_suit
             forward_pack(model, pack, torch.device("cpu"), logits_to_keep=1)
             for decisions in ea.routing_report(model).decisions:
                 assert any(torch.equal(decisions, head_set) for head_set in sets)
+
+
+def test_a_target_between_two_sets_is_named_in_the_log(tmp_path, random_suite_backbone, caplog):
+    """Oracle: the sets' MSRs by hand (0, 0.75, 1 over 4 entries; half an entry is 0.125): a target between two of
+    them and farther than that from both is named with its neighbours; one within it of a set, or with a band, is
+    not."""
+    search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
+    elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3}
+    config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "run", elastic=elastic, steps=1,
+                                                checkpoint_every=0, initial_full_heads=str(search),
+                                                head_set_choices_msrs=[0.0, 0.75, 1.0]))
+    tasks = sorted(config.targets)
+    config = dataclasses.replace(config, targets={tasks[0]: 0.5, tasks[1]: 0.3})
+    assert config.targets_between_sets([0.0, 0.75, 1.0], 4) == [
+        f"target 0.5 of {tasks[0]} lies between the sets at MSR 0.000 and 0.750: its prompts meet it only by "
+        "splitting between them; a target on a set's MSR is met by choosing that set",
+        f"target 0.3 of {tasks[1]} lies between the sets at MSR 0.000 and 0.750: its prompts meet it only by "
+        "splitting between them; a target on a set's MSR is met by choosing that set"]
+    within = dataclasses.replace(config, targets={tasks[0]: 0.65, tasks[1]: 0.9})  # within 0.125 of 0.75, of 1
+    assert within.targets_between_sets([0.0, 0.75, 1.0], 4) == []
+    banded = dataclasses.replace(config, bounds={tasks[1]: (0.2, 0.4)})
+    assert [line.split()[3] for line in banded.targets_between_sets([0.0, 0.75, 1.0], 4)] == [tasks[0]]
+    trainer = RouterTrainer(config, progress=False)
+    with caplog.at_level("WARNING", logger="elastic_attention.training.trainer"):
+        trainer.setup()
+    assert f"target 0.5 of {tasks[0]} lies between the sets at MSR 0.000 and 0.750" in caplog.text
+    assert f"target 0.3 of {tasks[1]} lies between the sets at MSR 0.000 and 0.750" in caplog.text
 
 
 def test_a_run_continues_a_head_set_router_from_its_adapter(tmp_path, random_suite_backbone):

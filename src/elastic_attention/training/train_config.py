@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,6 +307,24 @@ class TrainConfig:
             chosen.append(torch.zeros(sets.shape, dtype=torch.bool) if msr == 1.0
                           else sets.at(msr, msr_option="head_set_choices_msrs"))
         return torch.stack(chosen)
+
+    def targets_between_sets(self, set_msrs: Sequence[float], entries: int) -> list[str]:
+        """One line per task whose target lies strictly between two of a head-set router's sets: ``set_msrs`` the
+        sets' MSRs, ``entries`` the (layer, KV head) entries of a set (a target within half an entry of a set's MSR
+        counts as on it). Tasks with ``bounds`` are left out. Such a target is met only by a task's prompts
+        splitting between the two neighbouring sets; once the router settles on one, its logits can be too far
+        apart for the multipliers to move it back (docs/guide-train.md)."""
+        lines, tolerance = [], 0.5 / entries
+        for task, target in sorted(self.targets.items()):
+            if task in self.bounds or any(abs(target - msr) <= tolerance for msr in set_msrs):
+                continue
+            below = [msr for msr in set_msrs if msr < target]
+            above = [msr for msr in set_msrs if msr > target]
+            if below and above:
+                lines.append(f"target {target} of {task} lies between the sets at MSR {max(below):.3f} and "
+                             f"{min(above):.3f}: its prompts meet it only by splitting between them; a target on a "
+                             "set's MSR is met by choosing that set")
+        return lines
 
     def _check_initial_router(self) -> None:
         """The adapter of ``initial_router`` exists and was trained with this run's ``elastic`` settings."""

@@ -97,6 +97,10 @@ class RouterTrainer:
         choices = config.head_set_choices()
         if choices is not None:  # before sharding; a resumed run's checkpoint replaces them
             routers[min(routers)].set_head_sets(choices.to(self.device))
+            if self.rank == 0:
+                set_msrs = (1.0 - choices.double().mean(dim=(1, 2))).tolist()
+                for line in config.targets_between_sets(set_msrs, choices[0].numel()):
+                    logger.warning(line)
         if config.initial_full_probability is not None:  # before sharding; a resumed run's checkpoint replaces it
             self._set_initial_routing([routers[index] for index in sorted(routers)])
         if config.gradient_checkpointing:
