@@ -65,14 +65,21 @@ def choices(logits: torch.Tensor, msrs: torch.Tensor, price: float) -> torch.Ten
     return (logits - price * msrs).argmax(dim=-1)
 
 
+def set_labels(msrs: torch.Tensor) -> list[str]:
+    """Each set's name in the tables: its MSR (``"0.500"``), with its index when another set has the same MSR
+    (``"0.500 #1"``: sets from several search files)."""
+    names = [f"{float(msr):.3f}" for msr in msrs]
+    return [f"{name} #{c}" if names.count(name) > 1 else name for c, name in enumerate(names)]
+
+
 def summary(task: str, kind: str, length: int, logits: torch.Tensor, msrs: torch.Tensor, price: float) -> dict:
-    """A task's share of rows per set (keyed by the set's MSR) and mean MSR, without and with the price."""
+    """A task's share of rows per set (keyed by `set_labels`) and mean MSR, without and with the price."""
     record = {"task": task, "kind": kind, "length": length, "rows": len(logits)}
     for name, value in (("argmax", 0.0), ("priced", price)):
         chosen = choices(logits, msrs, value)
         record[name] = {"msr": float(msrs[chosen].mean()),
-                        "share_per_set": {f"{float(msr):.3f}": float((chosen == c).double().mean())
-                                          for c, msr in enumerate(msrs)}}
+                        "share_per_set": {label: float((chosen == c).double().mean())
+                                          for c, label in enumerate(set_labels(msrs))}}
     return record
 
 
@@ -142,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     calibration_table = [summary(task, suite.kind(task), length, logits, msrs, price)
                          for task, length, logits in calibration]
 
-    print(f"sets (MSR): {', '.join(f'{float(m):.3f}' for m in msrs)}; price {price:.3f} logits per unit of MSR"
+    print(f"sets (MSR): {', '.join(set_labels(msrs))}; price {price:.3f} logits per unit of MSR"
           + (f" (fitted on {', '.join(calibration_tasks)}, seed {args.calibrate_seed})" if calibration_tasks else ""))
     for label, records in (("calibration rows", calibration_table), ("evaluation rows", table)):
         if not records:

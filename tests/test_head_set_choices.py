@@ -84,3 +84,15 @@ def test_choices_match_the_models_routing_and_the_written_adapter_routes_as_pric
     assert len(chosen_sets) >= 2  # the rows do not all choose alike
     calibration = [record for record in document["calibration"] if record["kind"] == "sensitive"]
     assert calibration and all(record["priced"]["share_per_set"]["0.000"] == 1.0 for record in calibration)
+
+
+def test_sets_of_the_same_msr_keep_their_own_shares():
+    """Oracle: rows counted by hand; two sets at MSR 0.5 (from two search files) are told apart by index."""
+    script = load_script("head_set_choices")
+    msrs = torch.tensor([0.5, 1.0, 0.5], dtype=torch.float64)
+    assert script.set_labels(msrs) == ["0.500 #0", "1.000", "0.500 #2"]
+    logits = torch.tensor([[1.0, 0, 0], [0, 0, 1.0], [0, 0, 1.0], [0, 1.0, 0]], dtype=torch.float64)
+    record = script.summary("multikey", "sensitive", 8192, logits, msrs, price=0.0)
+    assert record["argmax"]["share_per_set"] == {"0.500 #0": 0.25, "1.000": 0.25, "0.500 #2": 0.5}
+    assert record["argmax"]["msr"] == 0.625
+

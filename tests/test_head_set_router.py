@@ -205,6 +205,48 @@ def test_head_set_choice_errors_name_the_fix(tmp_path):
         ea.ElasticConfig(head_set_choices=1)
 
 
+def test_extra_sets_from_another_search_file_follow_the_paths_sets(tmp_path, random_suite_backbone):
+    """Oracle: the sets by hand: 0.0 and 1.0 of the first file, then the second file's path after one head (MSR
+    0.25) and its kept set at 0.5; the adapter of a run carries the four."""
+    search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
+    other = write_search(tmp_path / "multikey.json", [[1, 1], [0, 0], [1, 0]])
+    elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 4}
+    config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "run", elastic=elastic, steps=1,
+                                                checkpoint_every=0, initial_full_heads=str(search),
+                                                head_set_choices_msrs=[0.0, 1.0],
+                                                head_set_choices_extra=[f"{other}@0.25", f"{other}@0.5"]))
+    sets = torch.tensor([[[True, True], [True, True]], [[False, False], [False, False]],
+                         [[True, True], [True, False]], [[True, False], [False, True]]])
+    assert torch.equal(config.head_set_choices(), sets)
+    trainer = RouterTrainer(config, progress=False)
+    trainer.setup()
+    trainer.finish(trainer.train())
+    assert load_file(tmp_path / "run" / "router" / "router.safetensors")["layers.0.head_sets"].bool().equal(sets)
+
+
+def test_extra_set_errors_name_the_fix(tmp_path):
+    search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
+    wider = tmp_path / "wider.json"
+    wider.write_text(json.dumps({"sets": [{"msr_asked": 0.5, "full_heads": [[True, False], [False, True],
+                                                                             [True, False]]}]}))
+    base = {"model": "m", "initial_full_heads": str(search), "head_set_choices_msrs": [0.0, 1.0]}
+    with pytest.raises(ConfigError, match="`head_set_choices_msrs` and `head_set_choices_extra` list 3 sets but "
+                                          "`elastic.head_set_choices` is 4: set it to 3"):
+        TrainConfig(**base, elastic={"head_set_choices": 4}, head_set_choices_extra=[f"{search}@0.5"])
+    with pytest.raises(ConfigError, match="adds sets after those of `head_set_choices_msrs`: give that too"):
+        TrainConfig(model="m", elastic={"head_set_choices": 2}, initial_full_heads=str(search),
+                    head_set_choices_extra=[f"{search}@0.5", f"{search}@1.0"])
+    for entry in (str(search), f"{search}@half", "@0.5"):
+        with pytest.raises(ConfigError, match="is not FILE@MSR"):
+            TrainConfig(**base, elastic={"head_set_choices": 3}, head_set_choices_extra=[entry])
+    with pytest.raises(ConfigError, match=r"holds sets of shape \[3, 2\], `initial_full_heads` \[2, 2\]"):
+        TrainConfig(**base, elastic={"head_set_choices": 3}, head_set_choices_extra=[f"{wider}@0.5"])
+    with pytest.raises(ConfigError, match="`head_set_choices_extra` 0.9 is not among the sets"):
+        TrainConfig(**base, elastic={"head_set_choices": 3}, head_set_choices_extra=[f"{search}@0.9"])
+    with pytest.raises(ConfigError, match=r"`head_set_choices_extra\[\*\]` must be a number in \[0, 1\], got 1.5"):
+        TrainConfig(**base, elastic={"head_set_choices": 3}, head_set_choices_extra=[f"{search}@1.5"])
+
+
 def test_the_evaluation_runs_a_head_set_adapter_beside_the_static_and_heads_modes(tmp_path):
     """An adapter whose two sets are every head full and every head sparse: in each elastic row every head is full on
     the same share of the samples (those that chose the first set), one minus the row's MSR; the static and heads

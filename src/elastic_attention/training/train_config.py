@@ -128,6 +128,10 @@ class TrainConfig:
             sparse): e.g. ``[0.5, 0.6, 0.7, 0.8, 1.0]``. With ``initial_full_probability`` the set with the most
             full heads starts at that probability. Not with ``initial_full_heads_msr``, ``sparse_outside_initial_heads``
             or ``margin_limit`` (which act on per-head routers).
+        head_set_choices_extra: more sets to choose among, after those of ``head_set_choices_msrs``, each
+            ``"FILE@MSR"``: the set at that MSR of another head-set file of the same model (e.g. a search on one
+            task, whose set keeps that task where the joint search's set of the same MSR does not); counted in
+            ``elastic.head_set_choices``.
         head_set_objective: how a step scores a head-set router's choice: ``"sampled"`` (the paper's estimator:
             one Gumbel-softmax choice per prompt, its gradient straight through the chosen set's heads) or
             ``"expected"`` (each pack runs once under each of the C sets, without gradients; the LM term and each
@@ -175,6 +179,7 @@ class TrainConfig:
     initial_full_heads_msr: float | None = None
     sparse_outside_initial_heads: bool = False
     head_set_choices_msrs: list[float] | None = None
+    head_set_choices_extra: list[str] | None = None
     head_set_objective: str = "sampled"
     initial_router: str | None = None
     checkpoint_every: int = 0
@@ -216,7 +221,8 @@ class TrainConfig:
             raise ConfigError(
                 f"`initial_full_probability` must be in (0, 1) or null, got {self.initial_full_probability}"
             )
-        if self.elastic.get("head_set_choices") or self.head_set_choices_msrs is not None:
+        if (self.elastic.get("head_set_choices") or self.head_set_choices_msrs is not None
+                or self.head_set_choices_extra):
             self._check_head_set_choices()
         elif self.initial_full_heads is not None:
             if self.initial_full_probability is None:
@@ -270,18 +276,23 @@ class TrainConfig:
             self._check_initial_router()
 
     def _check_head_set_choices(self) -> None:
-        """``elastic.head_set_choices`` and ``head_set_choices_msrs`` agree, and the sets load."""
+        """``elastic.head_set_choices`` and ``head_set_choices_msrs`` (with ``head_set_choices_extra``) agree, and
+        the sets load."""
         choices = self.elastic.get("head_set_choices")
+        if self.head_set_choices_extra and self.head_set_choices_msrs is None:
+            raise ConfigError("`head_set_choices_extra` adds sets after those of `head_set_choices_msrs`: give that "
+                              "too (e.g. [1.0] for all-SSA beside the extra sets)")
         if self.head_set_choices_msrs is None:
             if self.initial_router is None:
                 raise ConfigError(f"`elastic.head_set_choices: {choices}` needs the sets to choose among: "
                                   "`head_set_choices_msrs` (MSRs of the `initial_full_heads` file) or an "
                                   "`initial_router` that carries them")
             return
-        msrs = list(self.head_set_choices_msrs)
-        if choices != len(msrs):
-            raise ConfigError(f"`head_set_choices_msrs` lists {len(msrs)} sets but `elastic.head_set_choices` is "
-                              f"{choices!r}: set it to {len(msrs)}")
+        count = len(self.head_set_choices_msrs) + len(self.head_set_choices_extra or [])
+        if choices != count:
+            listed = ("`head_set_choices_msrs` and `head_set_choices_extra` list" if self.head_set_choices_extra
+                      else "`head_set_choices_msrs` lists")
+            raise ConfigError(f"{listed} {count} sets but `elastic.head_set_choices` is {choices!r}: set it to {count}")
         clashing = [name for name, value in (("initial_full_heads_msr", self.initial_full_heads_msr),
                                              ("sparse_outside_initial_heads", self.sparse_outside_initial_heads),
                                              ("margin_limit", self.margin_limit),
@@ -295,17 +306,31 @@ class TrainConfig:
         self.head_set_choices()
 
     def head_set_choices(self) -> torch.Tensor | None:
-        """[C, routed layers, Hkv] bool, the sets of ``head_set_choices_msrs`` (True = full attention), or ``None``."""
+        """[C, routed layers, Hkv] bool, the sets of ``head_set_choices_msrs`` then ``head_set_choices_extra`` (True =
+        full attention), or ``None``.
+
+        Raises:
+            ConfigError: an MSR outside [0, 1] or not reached by its file, an extra entry not of the form
+                ``FILE@MSR``, or a file whose sets have another shape than ``initial_full_heads``'.
+        """
         if self.head_set_choices_msrs is None:
             return None
         sets = read_head_sets(self.initial_full_heads, option="initial_full_heads")
-        chosen = []
-        for msr in self.head_set_choices_msrs:
-            check_number(msr, "head_set_choices_msrs[*]")
-            if not 0.0 <= msr <= 1.0:
-                raise ConfigError(f"`head_set_choices_msrs` must hold MSRs in [0, 1], got {msr}")
-            chosen.append(torch.zeros(sets.shape, dtype=torch.bool) if msr == 1.0
-                          else sets.at(msr, msr_option="head_set_choices_msrs"))
+        chosen = [_set_at(sets, msr, "head_set_choices_msrs") for msr in self.head_set_choices_msrs]
+        for entry in self.head_set_choices_extra or []:
+            file, separator, msr = str(entry).rpartition("@")
+            try:
+                msr = float(msr)
+            except ValueError:
+                separator = ""
+            if not separator or not file:
+                raise ConfigError(f"`head_set_choices_extra` entry {entry!r} is not FILE@MSR (e.g. "
+                                  "search_multikey.json@0.5)")
+            other = read_head_sets(file, option="head_set_choices_extra")
+            if other.shape != sets.shape:
+                raise ConfigError(f"`head_set_choices_extra` file {file} holds sets of shape {list(other.shape)}, "
+                                  f"`initial_full_heads` {list(sets.shape)}: both must come from the same model")
+            chosen.append(_set_at(other, msr, "head_set_choices_extra"))
         return torch.stack(chosen)
 
     def targets_between_sets(self, set_msrs: Sequence[float], entries: int) -> list[str]:
@@ -387,3 +412,9 @@ class TrainConfig:
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
         """Read a YAML file and apply ``key=value`` / ``section.key=value`` overrides (values parsed as YAML)."""
         return cls.from_dict(read_yaml(path, overrides))
+
+
+def _set_at(sets, msr: float, option: str) -> torch.Tensor:
+    """[routed layers, Hkv] bool: the set of ``sets`` (a `HeadSets`) at ``msr``, every head sparse at 1.0."""
+    check_number(msr, f"{option}[*]")
+    return torch.zeros(sets.shape, dtype=torch.bool) if msr == 1.0 else sets.at(msr, msr_option=option)
