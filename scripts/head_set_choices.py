@@ -32,11 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from router_input_probe import pooled_router_input  # noqa: E402
 
 
-def set_msrs(router) -> torch.Tensor:
-    """[C] float64: each set's MSR, the share of its (layer, KV head) entries on sparse attention."""
-    return 1.0 - router.head_sets.double().mean(dim=(1, 2)).cpu()
-
-
 def choice_logits(model, router, tokenizer, task: str, length: int, rows: int, seed: int) -> torch.Tensor:
     """[rows, C] float64: the router's logits over its sets for the evaluation's rows of ``task`` at ``length``."""
     from elastic_attention.evaluation.suites import suite_of
@@ -126,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                      "reads those")
     router.eval()
     suite = get_suite(args.suite)
-    msrs = set_msrs(router)
+    msrs = router.set_msrs().cpu()
 
     price, calibration = 0.0, []
     if calibration_tasks:

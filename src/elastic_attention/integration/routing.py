@@ -105,14 +105,16 @@ class ModelRouting:
 
     def _ask(self, router: AttentionRouter, layer_index: int, keys: torch.Tensor, layout: SequenceLayout):
         """The router's output for this prefill's sequences, from the layer's pooled keys."""
-        pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self._prompt_lengths)
-        return router(pooled, generator=self._noise_generator(layer_index, keys.device) if router.training else None)
+        return router(self._pooled(keys, layout), generator=self._noise_generator(layer_index, keys.device) if router.training else None)
+
+    def _pooled(self, keys: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
+        """[N, Hkv, D] what a router reads: the mean of each prompt's first and last keys (`boundary_pool`)."""
+        return boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self._prompt_lengths)
 
     def _score_forced_set(self, router, keys: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
         """[N, C] one-hot ``forced_set`` for every prompt; what the router would have read goes to
         ``set_router_input``."""
-        pooled = boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self._prompt_lengths)
-        self.set_router_input = pooled.detach()
+        self.set_router_input = self._pooled(keys, layout).detach()
         index = torch.full((layout.num_sequences,), self.forced_set, dtype=torch.long, device=keys.device)
         return torch.nn.functional.one_hot(index, router.choices).float()
 

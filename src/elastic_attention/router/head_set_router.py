@@ -93,6 +93,10 @@ class HeadSetRouter(AttentionRouter):
         noise = gumbel_noise(logits.shape, device=logits.device, generator=generator)
         return straight_through_one_hot(logits, self.temperature, noise)
 
+    def set_msrs(self) -> torch.Tensor:
+        """[C] float64: each set's MSR, the share of its (routed layer, KV head) entries on sparse attention."""
+        return 1.0 - self.head_sets.double().mean(dim=(1, 2))
+
     def decisions(self, choice: torch.Tensor, position: int) -> torch.Tensor:
         """[N, Hkv] float32 decisions of the ``position``-th routed layer (1.0 = full attention) under ``choice``
         ([N, C], from `forward`): the chosen set's heads, with the choice's gradient."""

@@ -98,7 +98,7 @@ class RouterTrainer:
         if choices is not None:  # before sharding; a resumed run's checkpoint replaces them
             routers[min(routers)].set_head_sets(choices.to(self.device))
             if self.rank == 0:
-                set_msrs = (1.0 - choices.double().mean(dim=(1, 2))).tolist()
+                set_msrs = routers[min(routers)].set_msrs().tolist()
                 for line in config.targets_between_sets(set_msrs, choices[0].numel()):
                     logger.warning(line)
         if config.initial_full_probability is not None:  # before sharding; a resumed run's checkpoint replaces it
@@ -352,10 +352,9 @@ class RouterTrainer:
         losses, router_input, tokens = self.set_losses[id(pack)]
         probabilities = torch.softmax(router.choice_logits(router_input.to(self.device)) / router.temperature, dim=-1)
         losses = losses.to(self.device)
-        set_msr = 1.0 - router.head_sets.mean(dim=(1, 2))  # [C]
         lm_loss = (probabilities * losses).sum() / tokens.sum()
         per_sample = (probabilities.detach() * losses).sum(dim=1).cpu().double()
-        return lm_loss, probabilities @ set_msr, per_sample, tokens
+        return lm_loss, probabilities @ router.set_msrs().to(probabilities.dtype), per_sample, tokens
 
     def _pack_under_each_set(self, pack: Pack):
         """([N, C] float32 summed token loss of each sample under each head set, [N, Hkv, D] what the router reads
