@@ -64,6 +64,9 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
             assert row["divergences"] == [None] * row["reference_rows_checked"]
             assert 1.0 <= row["kv_cache_bytes"] / row["kv_cache_bytes_implied"] <= 1.10
             assert row["ttft_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["speedup_ttft_over"] == "sdpa"
+        # the decode time's parts: the first step, then the median of the three later ones
+        assert 0 < row["first_step_s"] < row["decode_s"] and 0 < row["median_step_s"] < row["decode_s"]
+        assert row["steady_decode_tokens_per_s"] == pytest.approx(row["batch"] / row["median_step_s"])
     table = out.with_suffix(".md").read_text()
     assert table.count("| sensitive | 600 |") == 8 and "| elastic | router | 0.50 |" in table
     assert "| elastic | router, compiled, own loop | 0.50 |" in table
@@ -74,6 +77,23 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
     assert "(600 batch 1: " in lines[2] and ", 600 batch 3: " in lines[2]
     assert lines[4].startswith("KV-cache bytes within 10% of what the routing implies: met")
     assert lines[5] == "tokens equal the reference path's: met"
+
+
+def test_token_clock_splits_the_decode_time_into_its_first_step_and_the_median_later_one():
+    """Oracle: stamps set by hand (seconds since the start)."""
+    from elastic_attention.bench.timing import TokenClock
+
+    clock = TokenClock(torch.device("cpu"))
+    clock.stamps = [0.5, 0.9, 0.91, 0.93, 0.94]  # first token, a 0.4 s first step, then steps of 10, 20, 10 ms
+    timings = clock.timings(batch=4)
+    assert timings["ttft_s"] == 0.5 and timings["decode_s"] == pytest.approx(0.44)
+    assert timings["decode_tokens_per_s"] == pytest.approx(4 * 4 / 0.44)
+    assert timings["first_step_s"] == pytest.approx(0.4) and timings["median_step_s"] == pytest.approx(0.01)
+    assert timings["steady_decode_tokens_per_s"] == pytest.approx(400)
+    clock.stamps = [0.5, 0.9]  # two tokens: no later step to take a median of
+    timings = clock.timings(batch=1)
+    assert timings["first_step_s"] == pytest.approx(0.4)
+    assert timings["median_step_s"] is None and timings["steady_decode_tokens_per_s"] is None
 
 
 def request_row(kind, length, batch, mode, ttft, decode, setup, kv=1.0, equal=True):
@@ -109,6 +129,13 @@ def test_request_bars_judge_the_best_setups_against_the_best_baseline():
     assert lines[4] == "KV-cache bytes within 10% of what the routing implies: missed (farthest 1.120x)"
     assert lines[5] == ("tokens equal the reference path's: missed: sensitive 16K batch 1 (router; widest margin 0.125 "
                         "at logit 21.5)")
+    assert len(lines) == 6  # no row has a steady-state rate
+    for row, steady in zip(rows[:4], (110.0, 200.0, 330.0, 300.0)):
+        row["steady_decode_tokens_per_s"] = steady
+    lines = load_script("request_bars").bars(rows)
+    assert lines[1].startswith("decode >= 1.6x faster, robust prompts at batch 8: met (32K batch 8: 1.67x")
+    assert lines[6] == ("not a bar: decode at batch 8 in the steady state (median step after the first): robust 32K: "
+                        "1.65x (router over static_cache_graph)")
 
 
 def test_divergences_read_the_reference_logits_where_each_sequence_first_differs():

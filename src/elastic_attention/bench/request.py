@@ -5,7 +5,9 @@ For each prompt kind (``--tasks SENSITIVE,ROBUST`` of a suite, ``--rows`` rows e
 left-padded), each ``--lengths`` and each ``--batch``, one greedy `generate` call (or one run of the bench's own
 loop) of ``--new-tokens`` tokens (end of sequence suppressed, so every call makes them all) per setup, timed by
 stamping each token (synchronized): ``ttft_s`` is the first stamp (routing, prefill and the first token),
-``decode_tokens_per_s`` is batch x (new tokens - 1) over the time from the first stamp to the last. Each setup runs twice on the same prompts; the
+``decode_tokens_per_s`` is batch x (new tokens - 1) over the time from the first stamp to the last, of which
+``first_step_s`` is the first decode step (with what it sets up for the rest: static storage, a captured graph) and
+``steady_decode_tokens_per_s`` batch over the median later step. Each setup runs twice on the same prompts; the
 second call is timed (the first compiles and captures what it needs; its time to its last token is ``first_call_s``).
 
 - ``elastic``: the model with its router attached as `load_router` attaches it (backend ``auto``, the bounded cache,
@@ -369,9 +371,10 @@ def markdown(result: dict) -> str:
     """The results as one markdown table (a row per prompt kind, length, batch and setup)."""
     several_runs = len(result.get("runs") or []) > 1
     lines = runs_lines(result, "Request benchmark")
-    lines += ["", "| prompt kind | length | batch | mode | setup | MSR | TTFT (s) | decode (tok/s) | peak memory (GiB) | "
-              "KV cache (MiB) | tokens = reference | tokens agreeing (fewest) | first call (s) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| prompt kind | length | batch | mode | setup | MSR | TTFT (s) | decode (tok/s) | first step (ms) | "
+              "steady decode (tok/s) | peak memory (GiB) | KV cache (MiB) | tokens = reference | "
+              "tokens agreeing (fewest) | first call (s) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["results"]:
         peak = "-" if row["peak_memory_bytes"] is None else f"{row['peak_memory_bytes'] / 2**30:.2f}"
         equal = "-" if row["tokens_equal_reference"] is None else str(row["tokens_equal_reference"]).lower()
@@ -381,10 +384,12 @@ def markdown(result: dict) -> str:
         margin = widest_margin(row)
         agreeing += f" ({margin})" if margin else ""
         setup += f" (run {row['run']})" if several_runs else ""
+        first_step = "-" if row.get("first_step_s") is None else f"{row['first_step_s'] * 1e3:.1f}"
+        steady = "-" if row.get("steady_decode_tokens_per_s") is None else f"{row['steady_decode_tokens_per_s']:.1f}"
         lines.append(f"| {row['prompt_kind']} | {row['length']} | {row['batch']} | {row['mode']} | "
                      f"{setup} | {row['msr']:.2f} | {row['ttft_s']:.3f} | "
-                     f"{row['decode_tokens_per_s']:.1f} | {peak} | {row['kv_cache_bytes'] / 2**20:.1f} | {equal} | "
-                     f"{agreeing} | {row['first_call_s']:.2f} |")
+                     f"{row['decode_tokens_per_s']:.1f} | {first_step} | {steady} | {peak} | "
+                     f"{row['kv_cache_bytes'] / 2**20:.1f} | {equal} | {agreeing} | {row['first_call_s']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

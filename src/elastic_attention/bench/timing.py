@@ -134,11 +134,19 @@ class TokenClock:
         return scores
 
     def timings(self, batch: int) -> dict:
-        """``ttft_s`` (the first stamp), ``decode_s`` (first stamp to last) and ``decode_tokens_per_s`` (``batch`` x
-        the tokens after the first, over ``decode_s``)."""
+        """``ttft_s`` (the first stamp), ``decode_s`` (first stamp to last), ``decode_tokens_per_s`` (``batch`` x
+        the tokens after the first, over ``decode_s``), and what the decode time is made of: ``first_step_s`` (first
+        stamp to second: the first decode step, which also sets up what the later steps reuse, such as a captured
+        graph and its static storage) and ``median_step_s`` (the median of the later steps; None before a third
+        token), with ``steady_decode_tokens_per_s`` (``batch`` over it)."""
         decode_s = self.stamps[-1] - self.stamps[0]
+        steps = [later - earlier for earlier, later in zip(self.stamps[1:], self.stamps[2:])]
+        median_step_s = statistics.median(steps) if steps else None
         return {"ttft_s": self.stamps[0], "decode_s": decode_s,
-                "decode_tokens_per_s": batch * (len(self.stamps) - 1) / decode_s if decode_s > 0 else float("nan")}
+                "decode_tokens_per_s": batch * (len(self.stamps) - 1) / decode_s if decode_s > 0 else float("nan"),
+                "first_step_s": self.stamps[1] - self.stamps[0] if len(self.stamps) > 1 else None,
+                "median_step_s": median_step_s,
+                "steady_decode_tokens_per_s": batch / median_step_s if median_step_s else None}
 
 
 def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int, *,
@@ -152,7 +160,8 @@ def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
 
     Returns:
         ``ttft_s`` (seconds to the first token: routing, prefill and its sampling), ``decode_s`` (seconds from the
-        first token to the last), ``decode_tokens_per_s`` (B x further tokens over ``decode_s``),
+        first token to the last), ``decode_tokens_per_s`` (B x further tokens over ``decode_s``), ``first_step_s``,
+        ``median_step_s`` and ``steady_decode_tokens_per_s`` (`TokenClock.timings`),
         ``peak_memory_bytes`` (CUDA; None elsewhere), ``kv_cache_bytes`` (what the cache holds at the end),
         ``tokens`` ([B, generated] on the CPU) and, when ``output_logits=True`` is passed on, ``logits`` ([B,
         generated, vocab] on the model's device: each step's scores before any logits processor).
