@@ -5,6 +5,8 @@
 # stages that produced it and the staging they need.
 #
 #   OUT=$OUT bash benchmarks/device.sh tests [PYTEST ARGS]   # GPU tests (default: pytest -q -m gpu tests)
+#   MODEL=NAME OUT=$OUT bash benchmarks/device.sh real-model # the real model from real-model-parts' staged parts,
+#                                                            # converted here (dequantized on the GPU): see the stage
 #   OUT=$OUT bash benchmarks/device.sh layer                 # one hybrid layer, flex (its full heads through SDPA),
 #                                                            # flex in one launch (and fa4 when installed) against
 #                                                            # dense SDPA (cuDNN and flash, the faster kept): layer_flex.json
@@ -176,6 +178,20 @@ layer_stage() {  # the layer benchmark, flex (and fa4 when installed): layer_sta
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 case ${1:-} in
+  real-model)  # $MODEL (a name of `models list`) from the parts the staging calls of real-model-parts left in
+    # $HOME/rmstage, converted by this project's converter (dequantized on the GPU) instead of their install.sh;
+    # the last staging call copies the gguf wheel beside the parts: `bash .rmNN/stage.sh && cp .rmNN/gguf-*.whl
+    # $HOME/rmstage/` (tree hidden); then this stage, tree restored
+    name=$(basename "$MODEL")
+    if [ -f "$MODEL/config.json" ]; then echo "real model ready at $MODEL"; exit 0; fi
+    ls $HOME/rmstage/gguf-*.whl > /dev/null 2>&1 || { echo "no gguf wheel in $HOME/rmstage: copy it there with the"\
+      "last staging call"; exit 3; }
+    rm -rf /tmp/rmsite && python3 -m pip install -q --no-index --no-deps --target /tmp/rmsite $HOME/rmstage/gguf-*.whl
+    mkdir -p /tmp/rmgguf && cat $(ls $HOME/rmstage/part_* | sort) > "/tmp/rmgguf/$name.gguf"
+    PYTHONPATH=$PYTHONPATH:/tmp/rmsite timeout $LIMIT $cli models fetch "$name" --gguf "/tmp/rmgguf/$name.gguf" \
+      --out "$MODEL" --device cuda > "$OUT/real_model.log" 2>&1
+    echo "real-model rc $? at $(( $(date +%s) - start )) s"
+    tr '\r' '\n' < "$OUT/real_model.log" | grep -v '^$' | tail -3 | cut -c1-300 ;;
   tests)
     shift
     timeout $LIMIT python3 -m pytest -q -m gpu -p no:cacheprovider "${@:-tests}" > "$OUT/gpu_tests.log" 2>&1

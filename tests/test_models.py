@@ -39,7 +39,7 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setitem(models.KNOWN_MODELS, source.name, source)
     converted: list[Path] = []
 
-    def convert(gguf: Path, out: Path) -> None:
+    def convert(gguf: Path, out: Path, device: str | None = None) -> None:
         assert gguf.read_bytes() == b"".join(parts)
         (out / "model.safetensors").write_bytes(b"weights")
         (out / "config.json").write_text("{}")
@@ -92,7 +92,7 @@ def test_a_given_gguf_file_is_checked(fake):
 def test_an_interrupted_conversion_leaves_no_folder(fake, monkeypatch):
     source, parts, _, tmp_path = fake
 
-    def broken(gguf, out):
+    def broken(gguf, out, device=None):
         (out / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 

@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--out", help="folder to write the Hugging Face model to (default: artifacts/NAME)")
     models.add_argument("--gguf", help="an already assembled GGUF file to convert instead of downloading")
     models.add_argument("--cache", help="where the assembled GGUF file is kept (default: ~/.cache/elastic-attention)")
+    models.add_argument("--device", help="where to dequantize the weights: cpu (the default) or cuda (the same bytes)")
 
     for name, summary, config_help in (
         ("train", "train routers", "YAML training config (see configs/)"),
@@ -250,7 +251,8 @@ def run(args: argparse.Namespace) -> int:
         elif args.name is None:
             raise InputError(f"`models fetch` needs a model name; known: {', '.join(KNOWN_MODELS)}")
         else:
-            out = fetch_model(args.name, args.out or f"artifacts/{args.name}", cache_dir=args.cache, gguf_file=args.gguf)
+            out = fetch_model(args.name, args.out or f"artifacts/{args.name}", cache_dir=args.cache, gguf_file=args.gguf,
+                              device=args.device)
             print(f"{args.name} is ready at {out}")
     return 0
 
