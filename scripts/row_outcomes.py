@@ -9,6 +9,10 @@ its stored accuracy is refused (wrong tokenizer, seed or file). Then, at each le
   heads, ...). No router choosing per row among those modes keeps more, at any MSR.
 - **full or all-SSA per row**: the same with the choice limited to full attention and all-SSA, all-SSA wherever it
   scores as well: its retention and its average MSR (the share of rows on all-SSA, averaged over the tasks).
+- **choice under an MSR floor** (``--oracle-modes``, ``--msr-floors``): the most any choice among the given modes
+  (each of one MSR: full attention, all-SSA, the sets of a head-set router) keeps at each average-MSR floor, per row
+  and per task (one mode for all of a task's rows): an upper bound from the choice's linear relaxation, and a choice
+  that exists near it (`oracle_frontier`). What a head-set router over those sets could reach at best, on these rows.
 - **elastic's losses**: per task, the rows on which full attention scores higher than elastic; with ``--choices``
   (the JSON of `scripts/head_set_choices.py` for the same rows, seed and lengths) the MSR of the set elastic ran on
   each of them.
@@ -92,6 +96,93 @@ def full_or_sparse_rows(scores: dict, length: int) -> list[dict]:
     return rows
 
 
+def oracle_frontier(scores: dict, length: int, mode_msrs: dict[str, float], floors: Sequence[float],
+                    per_task: bool = False) -> list[dict]:
+    """The best any per-row choice among the modes of ``mode_msrs`` (mode -> its MSR, the same on every row) can keep
+    at each average-MSR floor: maximize the mean retention over the tasks (each task's retention the sum of its rows'
+    scores over full attention's, as `best_of_rows`) subject to an average MSR (over the tasks, of each task's mean
+    over its rows) of at least the floor. With ``per_task`` the choice is one mode per task (all of a task's rows
+    alike: a router that tells the tasks apart and nothing finer, with no row-level pick of whichever mode happened
+    to score best).
+
+    This is a multiple-choice knapsack; its linear relaxation bounds it from above, and by duality the bound is
+    ``min over lambda >= 0 of sum over rows of max over modes (value + lambda * msr share) - lambda * floor``, a
+    convex piecewise-linear function whose minimum lies at 0 or where some row's best mode changes. At the minimizing
+    lambda, the rows' best modes with ties to the lower MSR stay under the floor (or meet it) and with ties to the
+    higher MSR reach it; moving tied rows from the one to the other until the floor is reached gives a per-row choice
+    that exists, within a row's worth of the bound.
+
+    Returns:
+        One dict per floor: ``msr_floor``, ``bound`` (no per-row choice among the modes keeps more at that floor),
+        ``reached`` (the retention of that choice) and ``reached_msr`` (its average MSR). Tasks whose full
+        attention scores 0 on every row are left out (no retention); a task lacking a mode's cell too.
+    """
+    import torch
+
+    modes = list(mode_msrs)
+    tasks = [task for (mode, task, at) in scores if mode == "full" and at == length
+             and all((other, task, length) in scores for other in modes) and sum(scores[("full", task, length)]) > 0]
+    values, shares = [], []  # per row: [modes] retention it adds, MSR share it adds
+    for task in tasks:
+        full = sum(scores[("full", task, length)])
+        rows = len(scores[("full", task, length)])
+        per_mode = [scores[(mode, task, length)] for mode in modes]
+        if per_task:
+            per_mode, rows = [[sum(row_scores)] for row_scores in per_mode], 1
+        for row in range(rows):
+            values.append([per_mode[m][row] / (full * len(tasks)) for m in range(len(modes))])
+            shares.append([mode_msrs[mode] / (rows * len(tasks)) for mode in modes])
+    value = torch.tensor(values, dtype=torch.float64)
+    share = torch.tensor(shares, dtype=torch.float64)
+    # every lambda where a row's best mode can change: value[a] + l share[a] = value[b] + l share[b]
+    gaps_v = value[:, :, None] - value[:, None, :]
+    gaps_s = share[:, None, :] - share[:, :, None]
+    crossing = gaps_v / gaps_s
+    candidates = torch.cat([torch.zeros(1, dtype=torch.float64),
+                            crossing[(gaps_s != 0) & (crossing > 0)].unique()])
+    if any(floor > max(mode_msrs.values()) for floor in floors):
+        raise ValueError(f"an MSR floor of {max(floors)} is above every mode's MSR: no choice reaches it")
+    envelope = torch.cat([(value[None] + chunk[:, None, None] * share[None]).amax(-1).sum(-1)
+                          for chunk in candidates.split(1024)])  # [candidates]: sum over rows of the best mode
+    results = []
+    for floor in floors:
+        totals = envelope - candidates * floor
+        best = int(totals.argmin())
+        scored = value + float(candidates[best]) * share
+        tie = 1e-12 * share / share.amax()  # far above float64 rounding here, far below any real difference
+        low, high = (scored - tie).argmax(-1), (scored + tie).argmax(-1)  # ties to the lower / higher MSR
+        chosen = low.clone()
+        rows = torch.arange(len(value))
+        reached_msr = float(share[rows, chosen].sum())
+        gains = share[rows, high] - share[rows, low]  # rows tied at lambda: each trades value for MSR at its rate
+        for row in gains.argsort(descending=True).tolist():
+            if reached_msr >= floor - 1e-12 or gains[row] <= 0:
+                break
+            chosen[row] = high[row]
+            reached_msr += float(gains[row])
+        results.append({"msr_floor": floor, "bound": float(totals[best]), "reached": float(value[rows, chosen].sum()),
+                        "reached_msr": reached_msr})
+    return results
+
+
+def mode_msrs_of(results: Sequence[dict], modes: Sequence[str], length: int) -> dict[str, float]:
+    """mode -> its MSR at ``length``, for modes whose cells all have one MSR (full attention, all-SSA, a head set).
+
+    Raises:
+        ValueError: a mode with no cell at ``length``, or whose cells' MSRs differ by more than 1e-6.
+    """
+    found = {}
+    for mode in modes:
+        msrs = [cell["msr"] for cell in results if cell["mode"] == mode and cell["length"] == length]
+        if not msrs:
+            raise ValueError(f"no {mode} cell at {length} tokens")
+        if max(msrs) - min(msrs) > 1e-6:
+            raise ValueError(f"the {mode} cells at {length} tokens have MSRs from {min(msrs):.4f} to {max(msrs):.4f}: "
+                             "the per-row choice takes modes of one MSR each")
+        found[mode] = sum(msrs) / len(msrs)
+    return found
+
+
 def elastic_losses(scores: dict, task: str, length: int) -> list[int]:
     """The rows (indices) of ``task`` at ``length`` on which full attention scores higher than elastic."""
     full, elastic = scores[("full", task, length)], scores[("elastic", task, length)]
@@ -125,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--lengths", help="comma list of lengths in tokens (default: every length in the file)")
     parser.add_argument("--seed", type=int, help="the evaluation's seed (default: the file's `seed`)")
     parser.add_argument("--choices", type=Path, help="scripts/head_set_choices.py's JSON for the same rows")
+    parser.add_argument("--oracle-modes", help="comma list of modes of one MSR each (e.g. full,heads@0.4,...,sparse): "
+                                               "the best per-row choice among them at each --msr-floors")
+    parser.add_argument("--msr-floors", default="0.5,0.6,0.7", help="average-MSR floors of --oracle-modes")
     parser.add_argument("--out", type=Path, help="JSON file for what is printed (with date and command)")
     args = parser.parse_args(argv)
     document = json.loads(args.eval_json.read_text(encoding="utf-8"))
@@ -163,6 +257,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "ceiling_retention": ceiling.retention if ceiling else None,
             "full_or_sparse": {"retention": either.retention, "msr": either.msr} if either else None,
             "elastic_losses": losses}
+        if args.oracle_modes:
+            mode_msrs = mode_msrs_of(results, args.oracle_modes.split(","), length)
+            floors = [float(x) for x in args.msr_floors.split(",")]
+            alone = [point([*results, *full], mode, length) for mode in mode_msrs]
+            print(f"  choice among {', '.join(mode_msrs)} (each alone: "
+                  + ", ".join(f"{p.mode} {p.retention:.1%}" for p in alone if p is not None) + "):")
+            found = {}
+            for per, per_task in (("row", False), ("task", True)):
+                found[per] = oracle_frontier(scores, length, mode_msrs, floors, per_task=per_task)
+                for at in found[per]:
+                    print(f"    per {per}, average MSR >= {at['msr_floor']:.2f}: at most {at['bound']:.1%} (a choice "
+                          f"reaching {at['reached']:.1%} at MSR {at['reached_msr']:.3f})")
+            summary["lengths"][length]["oracle"] = {"modes": mode_msrs, "per_row": found["row"],
+                                                    "per_task": found["task"]}
     if args.out is not None:
         import torch
 

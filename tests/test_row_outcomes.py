@@ -95,3 +95,75 @@ def test_main_reads_an_eval_file_and_its_choices(tmp_path, capsys):
     assert at["elastic_losses"]["local_recall"] == {"rows": [2], "chosen_set_msr": []}
     assert at["full_or_sparse"]["msr"] == pytest.approx((3 / 7 + 7 / 7) / 2)  # all-SSA ties full on rows 2, 3, 6
     assert "elastic below full on needle_single: 2 rows (chosen sets' MSR: 0.500, 1.000)" in capsys.readouterr().out
+
+
+def test_the_choice_under_an_msr_floor_against_every_choice_enumerated():
+    """Oracle: every per-row (3^8) and per-task (3^2) choice enumerated, the best that reaches each floor."""
+    import itertools
+    import random
+
+    script = load_script("row_outcomes")
+    rng = random.Random(4)
+    msrs = {"full": 0.0, "half": 0.5, "sparse": 1.0}
+    rows = {"a": 5, "b": 3}  # tasks of unequal row counts: each task's rows share its weight
+    scores = {(mode, task, LENGTH): [float(rng.random() < p) if task == "a" else rng.random() for _ in range(n)]
+              for mode, p in (("full", 0.9), ("half", 0.7), ("sparse", 0.3)) for task, n in rows.items()}
+    full = {task: sum(scores[("full", task, LENGTH)]) for task in rows}
+    assert all(full.values())
+
+    def outcome(choice):  # choice: one mode per row of task a then task b
+        retention, msr, start = 0.0, 0.0, 0
+        for task, n in rows.items():
+            picked = choice[start : start + n]
+            retention += sum(scores[(m, task, LENGTH)][i] for i, m in enumerate(picked)) / full[task] / 2
+            msr += sum(msrs[m] for m in picked) / n / 2
+            start += n
+        return retention, msr
+
+    every_row = [outcome(c) for c in itertools.product(msrs, repeat=8)]
+    every_task = [outcome((a,) * 5 + (b,) * 3) for a, b in itertools.product(msrs, repeat=2)]
+    floors = [0.0, 0.3, 0.55, 0.8, 1.0]
+    largest_row_value = max(max(scores[(m, t, LENGTH)]) / full[t] / 2 for m in msrs for t in rows)
+    for per_task, enumerated in ((False, every_row), (True, every_task)):
+        for found in script.oracle_frontier(scores, LENGTH, msrs, floors, per_task=per_task):
+            best = max(r for r, m in enumerated if m >= found["msr_floor"] - 1e-12)
+            assert found["bound"] >= best - 1e-12  # the relaxation bounds every choice
+            assert found["reached_msr"] >= found["msr_floor"] - 1e-12
+            assert found["reached"] <= best + 1e-12  # and the choice it gives exists
+            assert (found["reached"], found["reached_msr"]) in [(pytest.approx(r), pytest.approx(m))
+                                                               for r, m in enumerated]
+            assert found["reached"] >= found["bound"] - (1.0 if per_task else largest_row_value) - 1e-12
+    with pytest.raises(ValueError, match="above every mode's MSR"):
+        script.oracle_frontier(scores, LENGTH, {"full": 0.0, "half": 0.5}, [0.6])
+
+
+def test_modes_of_one_msr_each():
+    script = load_script("row_outcomes")
+    results = [{"mode": "heads@0.4", "length": 8, "msr": 0.39}, {"mode": "heads@0.4", "length": 8, "msr": 0.39},
+               {"mode": "elastic", "length": 8, "msr": 0.5}, {"mode": "elastic", "length": 8, "msr": 0.7}]
+    assert script.mode_msrs_of(results, ["heads@0.4"], 8) == {"heads@0.4": pytest.approx(0.39)}
+    with pytest.raises(ValueError, match="elastic cells at 8 tokens have MSRs from 0.5000 to 0.7000"):
+        script.mode_msrs_of(results, ["elastic"], 8)
+    with pytest.raises(ValueError, match="no sparse cell at 8 tokens"):
+        script.mode_msrs_of(results, ["sparse"], 8)
+
+
+def test_main_gives_the_choice_under_msr_floors(tmp_path, capsys):
+    from elastic_attention.assets import TINY_BACKBONE
+
+    script = load_script("row_outcomes")
+    eval_json = tmp_path / "eval.json"
+    results = _results()
+    for cell in results:
+        cell["msr"] = {"full": 0.0, "sparse": 1.0}.get(cell["mode"], 0.5)
+    eval_json.write_text(json.dumps({"seed": 0, "results": results}))
+    summary = script.main([str(eval_json), "--model", str(TINY_BACKBONE), "--oracle-modes", "full,sparse",
+                           "--msr-floors", "0.2,0.9"])
+    oracle = summary["lengths"][LENGTH]["oracle"]
+    assert oracle["modes"] == {"full": 0.0, "sparse": 1.0}
+    # per row, each row's better mode: needle_single keeps 5/5 of full attention, local_recall 6/5 (all-SSA answers
+    # its row 1); the floor is met by moving rows where the two tie to all-SSA, one row (1/14 of MSR) at a time
+    assert oracle["per_row"][0] == {"msr_floor": 0.2, "bound": pytest.approx(1.1), "reached": pytest.approx(1.1),
+                                    "reached_msr": pytest.approx(3 / 14)}
+    assert oracle["per_task"][1]["reached_msr"] >= 0.9
+    assert "per task, average MSR >= 0.90: at most" in capsys.readouterr().out
