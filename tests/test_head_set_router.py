@@ -5,6 +5,7 @@ it from a head-set file on the sampled or the expected objective."""
 import dataclasses
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -341,6 +342,7 @@ def test_a_forced_head_set_runs_that_set_for_every_prompt_and_keeps_what_the_rou
 
 
 def _expected_trainer(tmp_path, backbone, lm_loss="cross_entropy", **extra):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
     elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3,
                "router_standardize": True}
@@ -435,3 +437,59 @@ def test_the_expected_objective_errors_name_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="use `distributed: ddp` or one GPU"):
         TrainConfig(model="m", elastic={"head_set_choices": 3}, initial_full_heads=str(search),
                     head_set_choices_msrs=[0.0, 0.75, 1.0], head_set_objective="expected", distributed="fsdp")
+
+
+def test_a_run_given_the_set_losses_file_trains_the_same_router_without_a_backbone_forward(tmp_path,
+                                                                                          random_suite_backbone):
+    """Oracle: the run that computed the losses. A second run with the same settings and its file makes no forward
+    of the backbone (calibration included) and ends with the same router weights, multipliers and metrics."""
+    forwards = []
+    original_setup = RouterTrainer.setup
+
+    def counting_setup(self, *args, **kwargs):  # count every backbone forward from the model's loading on
+        from transformers import PreTrainedModel
+
+        hook = torch.nn.modules.module.register_module_forward_pre_hook(
+            lambda module, inputs: forwards.append(1) if isinstance(module, PreTrainedModel) else None)
+        try:
+            original_setup(self, *args, **kwargs)
+        finally:
+            hook.remove()
+
+    RouterTrainer.setup = counting_setup
+    try:
+        first = _expected_trainer(tmp_path / "a", random_suite_backbone, steps=4)
+        assert forwards  # the control: its calibration runs the backbone
+        first_summary = first.finish(first.train())
+        written = Path(first_summary["set_losses"])
+        assert written == tmp_path / "a" / "run" / "set_losses.safetensors"
+        assert len(first.set_losses) == len(first.packs)
+        forwards.clear()
+        second = _expected_trainer(tmp_path / "b", random_suite_backbone, steps=4, set_losses_file=str(written))
+    finally:
+        RouterTrainer.setup = original_setup
+    model_forwards = []
+    hook = second.model.register_forward_pre_hook(lambda module, args: model_forwards.append(1))
+    try:
+        second.train()
+    finally:
+        hook.remove()
+    assert not forwards and not model_forwards
+    for old, new in zip(first.model.parameters(), second.model.parameters()):
+        if old.requires_grad:
+            torch.testing.assert_close(new, old, rtol=0, atol=0)
+    torch.testing.assert_close(second.objective.lambda1, first.objective.lambda1, rtol=0, atol=0)
+    assert [row["lm_loss"] for row in second.history] == [row["lm_loss"] for row in first.history]
+
+
+def test_a_set_losses_file_of_other_packs_or_sets_is_refused(tmp_path, random_suite_backbone):
+    first = _expected_trainer(tmp_path / "a", random_suite_backbone, steps=1)
+    written = first.finish(first.train())["set_losses"]
+    with pytest.raises(ConfigError, match="was written for other packs .* same model, data settings and tokenizer"):
+        _expected_trainer(tmp_path / "b", random_suite_backbone, steps=1, set_losses_file=written,
+                          data={"tasks": ["needle_single", "local_recall"], "lengths": [200, 260], "rows": 16,
+                                "budget": 600, "seed": 5})  # write_config's data but for the seed
+    with pytest.raises(ConfigError, match="`set_losses_file` .* is not a file"):
+        _expected_trainer(tmp_path / "c", random_suite_backbone, set_losses_file=str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="holds the losses of `head_set_objective: expected`"):
+        TrainConfig(model="m", set_losses_file=written)

@@ -138,7 +138,12 @@ class TrainConfig:
             prompt's MSR in the sparsity term are their expectations under the router's softmax at the temperature,
             so a prompt on a set that fails it learns from the loss it has on every other set, however sure the
             router was; C no-grad forwards at a pack's first visit, whose results its later visits reuse, and no
-            backward through the backbone). Not with ``distributed: fsdp``.
+            backward through the backbone). Not with ``distributed: fsdp``. The run writes these losses to
+            ``set_losses.safetensors`` in its folder (`training.set_losses`).
+        set_losses_file: with ``head_set_objective: expected``, an earlier run's ``set_losses.safetensors`` (the same
+            model, data settings and sets): its packs' losses replace their forwards, and their router inputs the
+            routers' calibration, so that a run with other targets, temperatures or rates trains only the router
+            (on a CPU too) when the file holds every pack.
         initial_router: a router adapter folder (`save_router`'s, e.g. a finished run's ``router/``) to start from:
             its weights, input statistics and pins replace the routers' initialization (no calibration), so a run
             can continue where an earlier one's adapter left off. The optimizer's state and the objective's
@@ -181,6 +186,7 @@ class TrainConfig:
     head_set_choices_msrs: list[float] | None = None
     head_set_choices_extra: list[str] | None = None
     head_set_objective: str = "sampled"
+    set_losses_file: str | None = None
     initial_router: str | None = None
     checkpoint_every: int = 0
     seed: int = 0
@@ -249,6 +255,12 @@ class TrainConfig:
             if self.distributed == "fsdp":
                 raise ConfigError("`head_set_objective: expected` runs its forwards without gradients, which FSDP's "
                                   "sharded router does not support: use `distributed: ddp` or one GPU")
+        elif self.set_losses_file is not None:
+            raise ConfigError("`set_losses_file` holds the losses of `head_set_objective: expected`: set it, or null "
+                              "the file")
+        if self.set_losses_file is not None and not Path(self.set_losses_file).is_file():
+            raise ConfigError(f"`set_losses_file` {self.set_losses_file} is not a file (a head-set run writes "
+                              "set_losses.safetensors in its folder)")
         if self.lm_loss not in LM_LOSS_KINDS:
             raise ConfigError(f"`lm_loss` must be one of {LM_LOSS_KINDS}, got {self.lm_loss!r}")
         if self.lr_schedule not in LR_SCHEDULES:

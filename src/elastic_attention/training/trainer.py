@@ -48,6 +48,7 @@ from elastic_attention.training.data import IGNORE_INDEX, Pack, load_rows, pack_
 from elastic_attention.training.metrics_log import append_metrics, open_tensorboard, rewrite_metrics
 from elastic_attention.training.objective import SparsityObjective
 from elastic_attention.training.run_folder import claim_run_folder, load_for_resume
+from elastic_attention.training.set_losses import load_set_losses, save_set_losses
 from elastic_attention.training.schedule import cosine_decay, linear_warmup
 
 logger = logging.getLogger(__name__)
@@ -128,6 +129,10 @@ class RouterTrainer:
         #: ``head_set_objective: expected``: id(pack) -> `_pack_under_each_set`'s result. The backbone is frozen and
         #: the sets are fixed, so a pack's are the same at every visit: its C forwards run at its first visit only.
         self.set_losses: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        if config.set_losses_file is not None:
+            self.set_losses = load_set_losses(config.set_losses_file, self.packs, self._set_msrs())
+            logger.info("%d of %d packs' losses under each set read from %s", len(self.set_losses),
+                        len(self.packs), config.set_losses_file)
         if config.lm_loss == "distillation" and config.teacher_cache:
             self.teacher_cache = TeacherCache()
             self.lm_loss = functools.partial(distillation_token_losses, teacher_cache=self.teacher_cache)
@@ -163,6 +168,13 @@ class RouterTrainer:
         agree across processes without communication, and a sharded backbone sees matching forwards on every rank.
         """
         routers = routers_of(self.model)
+        first = self._calibration_packs()
+        if first and all(id(pack) in self.set_losses for pack in first):  # what the router read: no forward
+            (router,) = routers.values()
+            router.set_feature_statistics(torch.cat([self.set_losses[id(pack)][1] for pack in first]).to(self.device))
+            logger.info("router inputs standardized from %d sequences of the set_losses file",
+                        sum(len(pack.tasks) for pack in first))
+            return
         recorded: dict[int, list[torch.Tensor]] = {index: [] for index in routers}
         hooks = [
             router.register_forward_pre_hook(
@@ -173,19 +185,31 @@ class RouterTrainer:
         self.model.eval()
         try:
             with torch.no_grad():
-                sequences = 0
-                for pack in self.packs:
-                    if sequences >= CALIBRATION_SEQUENCES:
-                        break
+                for pack in first:
                     forward_pack(self.model, pack, self.device, logits_to_keep=1)
-                    sequences += len(pack.tasks)
         finally:
             for hook in hooks:
                 hook.remove()
             self.model.train()
         for index, router in routers.items():
             router.set_feature_statistics(torch.cat(recorded[index]).to(self.device))
-        logger.info("router inputs standardized from %d sequences", sequences)
+        logger.info("router inputs standardized from %d sequences", sum(len(pack.tasks) for pack in first))
+
+    def _calibration_packs(self) -> list[Pack]:
+        """The first packs, up to `CALIBRATION_SEQUENCES` sequences (the pack that reaches it included)."""
+        first, sequences = [], 0
+        for pack in self.packs:
+            if sequences >= CALIBRATION_SEQUENCES:
+                break
+            first.append(pack)
+            sequences += len(pack.tasks)
+        return first
+
+    def _set_msrs(self) -> list[float]:
+        """The MSR of each set of the head-set router (none: per-head routers)."""
+        routers = routers_of(self.model)
+        head_sets = getattr(routers[min(routers)], "set_msrs", None)
+        return head_sets().tolist() if head_sets is not None else []
 
     def _build_packs(self) -> list[Pack]:
         data = self.config.data
@@ -272,7 +296,7 @@ class RouterTrainer:
         if self.teacher_cache is not None:
             summary["teacher_cache_bytes"] = 4 * self.teacher_cache.values
         if self.config.head_set_objective == "expected":
-            summary["packs_run_under_each_set"] = len(self.set_losses)  # on this process
+            summary["packs_run_under_each_set"] = len(self.set_losses)  # on this process, or read from the file
         return summary
 
     def _agreed_seconds(self, seconds: float) -> float:
@@ -484,6 +508,9 @@ class RouterTrainer:
             return summary
         adapter = save_router(self.model, self.output_dir / "router", state, overwrite=True)  # this run's folder
         summary = {**summary, "adapter": str(adapter), "config": self.config.to_dict()}
+        if self.set_losses:
+            summary["set_losses"] = str(save_set_losses(self.output_dir / "set_losses.safetensors", self.packs,
+                                                        self.set_losses, self._set_msrs()))
         atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
         write_plot(plot_training, self.history, self.output_dir)
         return summary
