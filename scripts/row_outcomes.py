@@ -13,6 +13,10 @@ its stored accuracy is refused (wrong tokenizer, seed or file). Then, at each le
   (each of one MSR: full attention, all-SSA, the sets of a head-set router) keeps at each average-MSR floor, per row
   and per task (one mode for all of a task's rows): an upper bound from the choice's linear relaxation, and a choice
   that exists near it (`oracle_frontier`). What a head-set router over those sets could reach at best, on these rows.
+- **a router's score without running it** (``--predict CHOICES --set-modes ...``): each row scored as the mode
+  measured with the set the router chose there (`predicted_rows`), the cells' accuracy and MSR and the mean
+  retention; with ``--measured`` beside the router's own elastic cells on the same rows. Together with
+  ``set_losses_file`` (training without the backbone) a router recipe can be tried on a CPU.
 - **elastic's losses**: per task, the rows on which full attention scores higher than elastic; with ``--choices``
   (the JSON of `scripts/head_set_choices.py` for the same rows, seed and lengths) the MSR of the set elastic ran on
   each of them.
@@ -165,6 +169,58 @@ def oracle_frontier(scores: dict, length: int, mode_msrs: dict[str, float], floo
     return results
 
 
+def predicted_rows(scores: dict, choices: dict, set_modes: Sequence[str], length: int,
+                   mode: str = "predicted") -> list[dict]:
+    """What a head-set router would score without running it: one eval row per task at ``length`` (mode ``mode``)
+    whose rows each take the score that the mode measured with the router's chosen set got on that row. ``choices``:
+    `scripts/head_set_choices.py`'s JSON (the router's logits per row, its sets' MSRs); ``set_modes[c]``: the mode
+    measured with set c (e.g. ``heads@0.4`` for the set at MSR 0.393 of the same path). Only the rows every set's
+    cell has (the first ones: rows are drawn alike for any count) are counted; MSR is the chosen sets' mean."""
+    if len(set_modes) != len(choices["set_msrs"]):
+        raise ValueError(f"--set-modes names {len(set_modes)} modes, the router has {len(choices['set_msrs'])} sets")
+    rows = []
+    for task in dict.fromkeys(task for (_, task, at) in scores if at == length):
+        logits = choices["logits"].get(f"{task}@{length}")
+        per_set = [scores.get((set_mode, task, length)) for set_mode in set_modes]
+        if logits is None or any(values is None for values in per_set):
+            continue
+        count = min(len(logits), *(len(values) for values in per_set))
+        chosen = [max(range(len(row)), key=row.__getitem__) for row in logits[:count]]
+        rows.append({"mode": mode, "task": task, "length": length, "samples": count,
+                     "accuracy": sum(per_set[c][r] for r, c in enumerate(chosen)) / count,
+                     "msr": sum(choices["set_msrs"][c] for c in chosen) / count})
+    return rows
+
+
+def compare_prediction(scores: dict, choices: dict, set_modes: Sequence[str], length: int, full: list[dict],
+                       measured: dict | None) -> dict:
+    """Print and return `predicted_rows` at ``length`` per task and as mean retention (over full attention's cells
+    ``full``), beside the router's measured elastic cells on the same rows when ``measured`` (`row_scores` of them)
+    has them."""
+    from elastic_attention.evaluation.frontier import point
+
+    predicted = predicted_rows(scores, choices, set_modes, length)
+    same_rows = []
+    for row in predicted:
+        values = (measured or {}).get(("elastic", row["task"], length))
+        if values is not None and len(values) >= row["samples"]:
+            same_rows.append({**row, "mode": "measured", "accuracy": sum(values[: row["samples"]]) / row["samples"]})
+    kept = point([*predicted, *full], "predicted", length)
+    kept_measured = point([*same_rows, *full], "measured", length) if len(same_rows) == len(predicted) else None
+    by_task = {row["task"]: row for row in same_rows}
+    print(f"  predicted from the chosen sets' cells ({', '.join(set_modes)}):")
+    for row in predicted:
+        other = by_task.get(row["task"])
+        print(f"    {row['task']}: {row['accuracy']:.3f} at MSR {row['msr']:.3f} over {row['samples']} rows"
+              + (f"; measured elastic on those rows {other['accuracy']:.3f}" if other else ""))
+    if kept is not None:
+        print(f"    mean retention {kept.retention:.1%} at MSR {kept.msr:.3f}"
+              + (f"; measured {kept_measured.retention:.1%}" if kept_measured else ""))
+    return {"cells": predicted, "measured_cells": same_rows,
+            "retention": kept.retention if kept else None, "msr": kept.msr if kept else None,
+            "measured_retention": kept_measured.retention if kept_measured else None}
+
+
 def mode_msrs_of(results: Sequence[dict], modes: Sequence[str], length: int) -> dict[str, float]:
     """mode -> its MSR at ``length``, for modes whose cells all have one MSR (full attention, all-SSA, a head set).
 
@@ -219,8 +275,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--oracle-modes", help="comma list of modes of one MSR each (e.g. full,heads@0.4,...,sparse): "
                                                "the best per-row choice among them at each --msr-floors")
     parser.add_argument("--msr-floors", default="0.5,0.6,0.7", help="average-MSR floors of --oracle-modes")
+    parser.add_argument("--predict", type=Path, help="scripts/head_set_choices.py's JSON: score each row with the mode "
+                                                     "of the set the router chose there (--set-modes)")
+    parser.add_argument("--set-modes", help="comma list: the mode measured with each of the router's sets, in order")
+    parser.add_argument("--measured", type=Path, help="with --predict: an eval.json holding the router's own elastic "
+                                                      "cells (same seed), to compare on the same rows")
     parser.add_argument("--out", type=Path, help="JSON file for what is printed (with date and command)")
     args = parser.parse_args(argv)
+    if bool(args.predict) != bool(args.set_modes) or (args.measured and not args.predict):
+        parser.error("--predict and --set-modes go together (and --measured with them)")
     document = json.loads(args.eval_json.read_text(encoding="utf-8"))
     seed = args.seed if args.seed is not None else document.get("seed")
     if seed is None:
@@ -230,7 +293,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
                else sorted({r["length"] for r in results}))
     results = [r for r in results if r["length"] in lengths]
     choices = json.loads(args.choices.read_text(encoding="utf-8")) if args.choices else None
-    scores = row_scores(results, AutoTokenizer.from_pretrained(args.model), seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    scores = row_scores(results, tokenizer, seed)
+    measured = None
+    if args.measured:
+        cells = [cell for cell in json.loads(args.measured.read_text(encoding="utf-8"))["results"]
+                 if cell["mode"] == "elastic" and cell["length"] in lengths]
+        measured = row_scores(cells, tokenizer, seed)
     full = [r for r in results if r["mode"] == "full"]
     summary = {"eval_json": str(args.eval_json), "seed": seed, "lengths": {}}
     for length in lengths:
@@ -271,6 +340,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
                           f"reaching {at['reached']:.1%} at MSR {at['reached_msr']:.3f})")
             summary["lengths"][length]["oracle"] = {"modes": mode_msrs, "per_row": found["row"],
                                                     "per_task": found["task"]}
+        if args.predict:
+            summary["lengths"][length]["predicted"] = compare_prediction(
+                scores, json.loads(args.predict.read_text(encoding="utf-8")), args.set_modes.split(","), length,
+                full, measured)
     if args.out is not None:
         import torch
 

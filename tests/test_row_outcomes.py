@@ -167,3 +167,34 @@ def test_main_gives_the_choice_under_msr_floors(tmp_path, capsys):
                                     "reached_msr": pytest.approx(3 / 14)}
     assert oracle["per_task"][1]["reached_msr"] >= 0.9
     assert "per task, average MSR >= 0.90: at most" in capsys.readouterr().out
+
+
+def test_a_routers_score_predicted_from_its_choices_and_the_sets_cells():
+    """Oracle: the rows' scores picked by hand from each chosen set's cell."""
+    script = load_script("row_outcomes")
+    from elastic_attention.evaluation.frontier import point
+
+    results = _results()
+    for cell in results:  # "elastic" plays a set's cell here: the set at MSR 0.5; all-SSA the set at 1.0
+        cell["mode"] = {"elastic": "heads@0.5"}.get(cell["mode"], cell["mode"])
+    scores = script.row_scores(results, None, seed=0)
+    choices = {"set_msrs": [0.5, 1.0], "logits": {  # 9 rows of needle_single chosen: only the 7 of the cells count
+        f"needle_single@{LENGTH}": [[1, 0], [0, 1], [1, 0], [1, 0], [0, 1], [0, 1], [1, 0], [0, 1], [0, 1]],
+        f"local_recall@{LENGTH}": [[0, 1]] * 7}}
+    with pytest.raises(ValueError, match="names 1 modes, the router has 2 sets"):
+        script.predicted_rows(scores, choices, ["sparse"], LENGTH)
+    rows = {row["task"]: row for row in script.predicted_rows(scores, choices, ["heads@0.5", "sparse"], LENGTH)}
+    chosen = [ANSWERED["elastic"]["needle_single"], ANSWERED["sparse"]["needle_single"]]
+    by_hand = [chosen[c][r] for r, c in enumerate([0, 1, 0, 0, 1, 1, 0])]
+    assert rows["needle_single"]["accuracy"] == pytest.approx(sum(by_hand) / 7)
+    assert rows["needle_single"]["msr"] == pytest.approx((4 * 0.5 + 3 * 1.0) / 7)
+    assert rows["needle_single"]["samples"] == 7
+    assert rows["local_recall"]["accuracy"] == pytest.approx(sum(ANSWERED["sparse"]["local_recall"]) / 7)
+    full = [r for r in results if r["mode"] == "full"]
+    measured = {("elastic", "needle_single", LENGTH): [1.0] * 7 + [0.0] * 3,
+                ("elastic", "local_recall", LENGTH): [0.0] * 10}
+    compared = script.compare_prediction(scores, choices, ["heads@0.5", "sparse"], LENGTH, full, measured)
+    expected = point([*rows.values(), *full], "predicted", LENGTH)
+    assert compared["retention"] == pytest.approx(expected.retention)
+    full_accuracy = {t: sum(ANSWERED["full"][t]) / 7 for t in ANSWERED["full"]}
+    assert compared["measured_retention"] == pytest.approx((1.0 / full_accuracy["needle_single"] + 0.0) / 2)
