@@ -295,11 +295,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     choices = json.loads(args.choices.read_text(encoding="utf-8")) if args.choices else None
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     scores = row_scores(results, tokenizer, seed)
-    measured = None
+    router_scores = None
     if args.measured:
         cells = [cell for cell in json.loads(args.measured.read_text(encoding="utf-8"))["results"]
                  if cell["mode"] == "elastic" and cell["length"] in lengths]
-        measured = row_scores(cells, tokenizer, seed)
+        router_scores = row_scores(cells, tokenizer, seed)
     full = [r for r in results if r["mode"] == "full"]
     summary = {"eval_json": str(args.eval_json), "seed": seed, "lengths": {}}
     for length in lengths:
@@ -343,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if args.predict:
             summary["lengths"][length]["predicted"] = compare_prediction(
                 scores, json.loads(args.predict.read_text(encoding="utf-8")), args.set_modes.split(","), length,
-                full, measured)
+                full, router_scores)
     if args.out is not None:
         import torch
 
