@@ -139,8 +139,8 @@ frontier_eval() {  # frontier_eval NAME LENGTHS MODES [more eval options]: one b
     --samples "${FRONTIER_SAMPLES:-20}" --batch-size ${BATCH:-20} --out "/tmp/frontier/$name" "$@" \
     > "/tmp/frontier/$name.log" 2>&1 < /dev/null
 }
-real_train_wait() {  # wait for the background real-train runs (up to $LIMIT s); each run's summary, metrics, plot
-  # and adapter come back as $OUT/NAME.tgz (NAME: the run folder's name; over 15 MiB, as NAME.tgz.part00, part01, ...:
+real_train_wait() {  # wait for the background real-train runs (up to $LIMIT s); each run's summary, metrics, plot,
+  # adapter and (head-set runs on the expected objective) set_losses.safetensors come back as $OUT/NAME.tgz (NAME: the run folder's name; over 15 MiB, as NAME.tgz.part00, part01, ...:
   # `cat NAME.tgz.part* > NAME.tgz`, a file back from $OUT is at most 16 MiB), its log as $OUT/NAME.log
   ls /tmp/real-train/*/pid > /dev/null 2>&1 || { echo "no background real-train on this machine: start one with"\
     "BACKGROUND=1"; exit 2; }
@@ -150,7 +150,7 @@ real_train_wait() {  # wait for the background real-train runs (up to $LIMIT s);
     local name run
     name=$(basename "$work"); run=$(cat "$work/run")
     tar czf "$OUT/$name.tgz" -C "$run" $(cd "$run" 2>/dev/null && ls -d summary.json metrics.csv training.png router \
-      2>/dev/null) 2>/dev/null
+      set_losses.safetensors 2>/dev/null) 2>/dev/null
     if [ "$(stat -c %s "$OUT/$name.tgz")" -gt 15728640 ]; then  # a 1.5B model's adapter alone is 30 MB
       split -b 15728640 -d "$OUT/$name.tgz" "$OUT/$name.tgz.part" && rm "$OUT/$name.tgz"
     fi
