@@ -119,13 +119,20 @@ def oracle_frontier(scores: dict, length: int, mode_msrs: dict[str, float], floo
     Returns:
         One dict per floor: ``msr_floor``, ``bound`` (no per-row choice among the modes keeps more at that floor),
         ``reached`` (the retention of that choice) and ``reached_msr`` (its average MSR). Tasks whose full
-        attention scores 0 on every row are left out (no retention); a task lacking a mode's cell too.
+        attention scores 0 on every row are left out (no retention).
+
+    Raises:
+        ValueError: a mode without a cell for one of the tasks, or a floor above every mode's MSR.
     """
     import torch
 
     modes = list(mode_msrs)
     tasks = [task for (mode, task, at) in scores if mode == "full" and at == length
-             and all((other, task, length) in scores for other in modes) and sum(scores[("full", task, length)]) > 0]
+             and sum(scores[("full", task, length)]) > 0]
+    missing = [f"{mode} {task}" for task in tasks for mode in modes if (mode, task, length) not in scores]
+    if missing:
+        raise ValueError(f"no cell at {length} tokens for {', '.join(missing)}: leave those modes out (or evaluate "
+                         "them), so that every task counts")
     values, shares = [], []  # per row: [modes] retention it adds, MSR share it adds
     for task in tasks:
         full = sum(scores[("full", task, length)])

@@ -135,6 +135,9 @@ def test_the_choice_under_an_msr_floor_against_every_choice_enumerated():
             assert found["reached"] >= found["bound"] - (1.0 if per_task else largest_row_value) - 1e-12
     with pytest.raises(ValueError, match="above every mode's MSR"):
         script.oracle_frontier(scores, LENGTH, {"full": 0.0, "half": 0.5}, [0.6])
+    del scores[("half", "b", LENGTH)]
+    with pytest.raises(ValueError, match="no cell at 256 tokens for half b: leave those modes out"):
+        script.oracle_frontier(scores, LENGTH, msrs, [0.5])
 
 
 def test_modes_of_one_msr_each():
