@@ -6,7 +6,8 @@ sets are fixed, so a run with the same model, data and sets would compute the sa
 (`save_set_losses`, ``set_losses.safetensors`` in its folder) and a later run given the file (``set_losses_file``)
 starts from them, so that trying other targets, temperatures or learning rates costs only the router's steps: no
 forward of the backbone at all when every pack is in the file (the routers' input statistics come from the file
-too), on a CPU as well.
+too), on a CPU as well. A run under ``distributed: ddp`` writes the packs of its first process only; a run reading
+the file runs the others' forwards.
 
 Tensors, for the i-th pack of the run's pack list: ``{i}.losses`` [N, C] float32 (each sample's summed token loss
 under each set), ``{i}.router_input`` [N, Hkv, D] float32, ``{i}.tokens`` [N] int64 (supervised tokens per sample).
