@@ -1,4 +1,5 @@
-"""How much could any per-row choice among the measured modes keep, and which rows does elastic lose?
+"""How much could a choice among the measured modes keep (at an MSR floor), what would a head-set router score
+without running it, and which rows does elastic lose?
 
 Reads a merged ``eval.json`` (`elastic-attention eval` / `eval-merge`), rebuilds the rows of every cell (same suite,
 seed and tokenizer as the evaluation) and scores each stored prediction again; a cell whose scores do not average to
@@ -24,6 +25,10 @@ its stored accuracy is refused (wrong tokenizer, seed or file). Then, at each le
     python scripts/row_outcomes.py benchmarks/results/real_model_1.5b_eval.json \
         --model artifacts/qwen2.5-coder-1.5b-instruct --lengths 8192,16384 \
         --choices benchmarks/results/real_model_1.5b_head_set_choices_expected_h100_2026-12-05.json
+    python scripts/row_outcomes.py benchmarks/results/real_model_1.5b_frontier_eval_2026-12-03.json \
+        --model artifacts/qwen2.5-coder-1.5b-instruct --oracle-modes heads@0.4,heads@0.5,heads@0.6,heads@0.8,sparse \
+        --msr-floors 0.6,0.7,0.8 --predict CHOICES --set-modes heads@0.4,heads@0.5,heads@0.6,heads@0.8,sparse \
+        --measured benchmarks/results/real_model_1.5b_eval.json
 
 Needs only the tokenizer of ``--model`` (no weights are loaded); about 8 s a cell at 16K on a CPU.
 """
