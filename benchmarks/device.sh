@@ -181,7 +181,7 @@ case ${1:-} in
   real-model)  # $MODEL (a name of `models list`) from the parts the staging calls of real-model-parts left in
     # $HOME/rmstage, converted by this project's converter (dequantized on the GPU) instead of their install.sh;
     # the last staging call copies the gguf wheel beside the parts: `bash .rmNN/stage.sh && cp .rmNN/gguf-*.whl
-    # $HOME/rmstage/` (tree hidden); then this stage, tree restored
+    # $HOME/rmstage/` (tree hidden); then this stage, tree restored (CONVERT_DEVICE=cpu dequantizes on the CPU)
     name=$(basename "$MODEL")
     if [ -f "$MODEL/config.json" ]; then echo "real model ready at $MODEL"; exit 0; fi
     ls $HOME/rmstage/gguf-*.whl > /dev/null 2>&1 || { echo "no gguf wheel in $HOME/rmstage: copy it there with the"\
@@ -189,7 +189,7 @@ case ${1:-} in
     rm -rf /tmp/rmsite && python3 -m pip install -q --no-index --no-deps --target /tmp/rmsite $HOME/rmstage/gguf-*.whl
     mkdir -p /tmp/rmgguf && cat $(ls $HOME/rmstage/part_* | sort) > "/tmp/rmgguf/$name.gguf"
     PYTHONPATH=$PYTHONPATH:/tmp/rmsite timeout $LIMIT $cli models fetch "$name" --gguf "/tmp/rmgguf/$name.gguf" \
-      --out "$MODEL" --device cuda > "$OUT/real_model.log" 2>&1
+      --out "$MODEL" --device "${CONVERT_DEVICE:-cuda}" > "$OUT/real_model.log" 2>&1
     echo "real-model rc $? at $(( $(date +%s) - start )) s"
     tr '\r' '\n' < "$OUT/real_model.log" | grep -v '^$' | tail -3 | cut -c1-300 ;;
   tests)
