@@ -165,7 +165,7 @@ def oracle_frontier(scores: dict, length: int, mode_msrs: dict[str, float], floo
         totals = envelope - candidates * floor
         best = int(totals.argmin())
         scored = value + float(candidates[best]) * share
-        tie = 1e-12 * share / share.amax()  # far above float64 rounding here, far below any real difference
+        tie = 1e-12 * share / share.amax().clamp(min=1e-300)  # above float64 rounding, below any real difference
         low, high = (scored - tie).argmax(-1), (scored + tie).argmax(-1)  # ties to the lower / higher MSR
         chosen = low.clone()
         rows = torch.arange(len(value))
