@@ -140,8 +140,9 @@ frontier_eval() {  # frontier_eval NAME LENGTHS MODES [more eval options]: one b
     > "/tmp/frontier/$name.log" 2>&1 < /dev/null
 }
 real_train_wait() {  # wait for the background real-train runs (up to $LIMIT s); each run's summary, metrics, plot,
-  # adapter and (head-set runs on the expected objective) set_losses.safetensors come back as $OUT/NAME.tgz (NAME: the run folder's name; over 15 MiB, as NAME.tgz.part00, part01, ...:
-  # `cat NAME.tgz.part* > NAME.tgz`, a file back from $OUT is at most 16 MiB), its log as $OUT/NAME.log
+  # adapter and (head-set runs on the expected objective) set_losses.safetensors come back as $OUT/NAME.tgz (NAME:
+  # the run folder's name; over 15 MiB, as NAME.tgz.part00, part01, ...: `cat NAME.tgz.part* > NAME.tgz`, a file
+  # back from $OUT is at most 16 MiB), its log as $OUT/NAME.log
   ls /tmp/real-train/*/pid > /dev/null 2>&1 || { echo "no background real-train on this machine: start one with"\
     "BACKGROUND=1"; exit 2; }
   cat /tmp/real-train/*/pid > /tmp/real-train/pids
