@@ -197,7 +197,7 @@ def predicted_rows(scores: dict, choices: dict, set_modes: Sequence[str], length
         if logits is None or any(values is None for values in per_set):
             continue
         count = min(len(logits), *(len(values) for values in per_set))
-        chosen = [max(range(len(row)), key=row.__getitem__) for row in logits[:count]]
+        chosen = chosen_sets(logits[:count])
         rows.append({"mode": mode, "task": task, "length": length, "samples": count,
                      "accuracy": sum(per_set[c][r] for r, c in enumerate(chosen)) / count,
                      "msr": sum(choices["set_msrs"][c] for c in chosen) / count})
@@ -212,6 +212,8 @@ def compare_prediction(scores: dict, choices: dict, set_modes: Sequence[str], le
     from elastic_attention.evaluation.frontier import point
 
     predicted = predicted_rows(scores, choices, set_modes, length)
+    unpredicted = [cell["task"] for cell in full if cell["length"] == length
+                   and cell["task"] not in {row["task"] for row in predicted}]
     same_rows = []
     for row in predicted:
         values = (measured or {}).get(("elastic", row["task"], length))
@@ -225,10 +227,13 @@ def compare_prediction(scores: dict, choices: dict, set_modes: Sequence[str], le
         other = by_task.get(row["task"])
         print(f"    {row['task']}: {row['accuracy']:.3f} at MSR {row['msr']:.3f} over {row['samples']} rows"
               + (f"; measured elastic on those rows {other['accuracy']:.3f}" if other else ""))
+    if unpredicted:
+        print(f"    not predicted (no choices for it, or a set's cell missing): {', '.join(unpredicted)}; no mean "
+              "retention over the tasks")
     if kept is not None:
         print(f"    mean retention {kept.retention:.1%} at MSR {kept.msr:.3f}"
               + (f"; measured {kept_measured.retention:.1%}" if kept_measured else ""))
-    return {"cells": predicted, "measured_cells": same_rows,
+    return {"cells": predicted, "measured_cells": same_rows, "not_predicted": unpredicted,
             "retention": kept.retention if kept else None, "msr": kept.msr if kept else None,
             "measured_retention": kept_measured.retention if kept_measured else None}
 
@@ -270,7 +275,12 @@ def chosen_msrs(choices: dict, task: str, length: int, rows: int | None = None) 
     if rows is not None and len(logits) != rows:
         raise ValueError(f"the evaluation has {rows} rows of {task} at {length} tokens, the choices {len(logits)}: "
                          "run scripts/head_set_choices.py with the evaluation's --rows and --seed")
-    return [choices["set_msrs"][max(range(len(row)), key=row.__getitem__)] for row in logits]
+    return [choices["set_msrs"][c] for c in chosen_sets(logits)]
+
+
+def chosen_sets(logits: Sequence[Sequence[float]]) -> list[int]:
+    """The set each row's logits choose (argmax; the first of equal ones)."""
+    return [max(range(len(row)), key=row.__getitem__) for row in logits]
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

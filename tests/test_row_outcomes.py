@@ -201,3 +201,7 @@ def test_a_routers_score_predicted_from_its_choices_and_the_sets_cells():
     assert compared["retention"] == pytest.approx(expected.retention)
     full_accuracy = {t: sum(ANSWERED["full"][t]) / 7 for t in ANSWERED["full"]}
     assert compared["measured_retention"] == pytest.approx((1.0 / full_accuracy["needle_single"] + 0.0) / 2)
+    assert compared["not_predicted"] == []
+    del choices["logits"][f"local_recall@{LENGTH}"]  # a task without choices is named, and no mean is made up
+    partial = script.compare_prediction(scores, choices, ["heads@0.5", "sparse"], LENGTH, full, measured)
+    assert partial["not_predicted"] == ["local_recall"] and partial["retention"] is None

@@ -294,7 +294,8 @@ def _require_gguf_reader() -> None:
     import importlib.util
 
     if importlib.util.find_spec("gguf") is None:
-        raise InputError("converting the GGUF file needs gguf (the `real` extra): pip install 'elastic-attention[real]'")
+        raise InputError("converting the GGUF file needs gguf (the `real` extra): "
+                         "pip install 'elastic-attention[real]'")
 
 
 def _wheel_of(requirement: str, folder: Path) -> Path:

@@ -105,7 +105,8 @@ class ModelRouting:
 
     def _ask(self, router: AttentionRouter, layer_index: int, keys: torch.Tensor, layout: SequenceLayout):
         """The router's output for this prefill's sequences, from the layer's pooled keys."""
-        return router(self._pooled(keys, layout), generator=self._noise_generator(layer_index, keys.device) if router.training else None)
+        generator = self._noise_generator(layer_index, keys.device) if router.training else None
+        return router(self._pooled(keys, layout), generator=generator)
 
     def _pooled(self, keys: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
         """[N, Hkv, D] what a router reads: the mean of each prompt's first and last keys (`boundary_pool`)."""

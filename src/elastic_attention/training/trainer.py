@@ -206,10 +206,9 @@ class RouterTrainer:
         return first
 
     def _set_msrs(self) -> list[float]:
-        """The MSR of each set of the head-set router (none: per-head routers)."""
-        routers = routers_of(self.model)
-        head_sets = getattr(routers[min(routers)], "set_msrs", None)
-        return head_sets().tolist() if head_sets is not None else []
+        """The MSR of each set of the head-set router (``head_set_objective: expected`` trains one)."""
+        (router,) = routers_of(self.model).values()
+        return router.set_msrs().tolist()
 
     def _build_packs(self) -> list[Pack]:
         data = self.config.data
