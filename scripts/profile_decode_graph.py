@@ -13,7 +13,9 @@ prefill, then the captured static-cache step); ``--length`` is then the prompt l
 with a synchronization after every step (``synchronized``: the request's clock stamps each token so), whose excess
 over the step is host time the GPU waits for, and its first step as the request times it, in a second run after a
 first that compiles (from the first token, synchronized, to the end of the first step: the static storage, the
-captured graph and their set-up, which the request's decode rate pays once per call).
+captured graph and their set-up, which the request's decode rate pays once per call), split into its phases
+(`FirstStepPhases`: the static storage, the eager run before the capture, the allocator's ``empty_cache`` that
+``torch.cuda.graph`` calls, the capture, the first replay, and the rest).
 
   python scripts/profile_decode_graph.py --model /tmp/qwen2.5-coder-1.5b-instruct \
       --router src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct --task next_line --length 32768 --batch 8
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import statistics
 import time
 
@@ -94,7 +97,91 @@ def synchronized_step_seconds(step, steps: int) -> float:
     return statistics.median(samples)
 
 
-def report(kind: str, step, args, bound_s: float, first_step_s: float | None = None) -> None:
+class FirstStepPhases:
+    """Host seconds (synchronized before and after) of the phases of a first decode step, recorded while the block
+    of `recording` runs: ``static storage`` (`ElasticCache.begin_static`, or the dense setup's `static_copy`),
+    ``eager run`` (what `capture_graph` spends before its capture: the warm-up step on a side stream), ``empty_cache``
+    (``torch.cuda.graph`` releases the allocator's cached blocks before it captures), ``capture`` (from
+    ``capture_begin`` to ``capture_end``: the forward recorded, the graph instantiated) and ``first replay``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+
+    @contextlib.contextmanager
+    def recording(self):
+        import elastic_attention.bench.decode_graphs as decode_graphs_module
+        import elastic_attention.integration.decode_graph as decode_graph_module
+        from elastic_attention.cache.bounded import ElasticCache as Cache
+
+        graph_class, stamps, replays = torch.cuda.CUDAGraph, {}, []
+
+        def timed_call(original, phase):
+            def call(*args, **kwargs):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    torch.cuda.synchronize()
+                    self.seconds[phase] += time.perf_counter() - start
+            return call
+
+        def capture_begin(graph, *args, **kwargs):  # synchronized by torch.cuda.graph just before
+            stamps["capture"] = time.perf_counter()
+            return originals["capture_begin"](graph, *args, **kwargs)
+
+        def capture_end(graph):  # no synchronization while capturing: only after it
+            result = originals["capture_end"](graph)
+            torch.cuda.synchronize()
+            self.seconds["capture"] += time.perf_counter() - stamps.pop("capture")
+            return result
+
+        def replay(graph):
+            if replays:
+                return originals["replay"](graph)
+            replays.append(graph)
+            return timed_call(originals["replay"], "first replay")(graph)
+
+        def capture_graph(run, device_state):
+            before = dict(self.seconds)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            result = originals["capture_graph"](run, device_state)
+            torch.cuda.synchronize()
+            inside = sum(self.seconds[name] - before.get(name, 0.0) for name in ("empty_cache", "capture"))
+            self.seconds["eager run"] += time.perf_counter() - start - inside
+            return result
+
+        originals = {"capture_begin": graph_class.capture_begin, "capture_end": graph_class.capture_end,
+                     "replay": graph_class.replay, "capture_graph": decode_graph_module.capture_graph}
+        patches = [(graph_class, "capture_begin", capture_begin), (graph_class, "capture_end", capture_end),
+                   (graph_class, "replay", replay), (decode_graph_module, "capture_graph", capture_graph),
+                   (decode_graphs_module, "capture_graph", capture_graph),
+                   (torch.cuda, "empty_cache", timed_call(torch.cuda.empty_cache, "empty_cache")),
+                   (Cache, "begin_static", timed_call(Cache.begin_static, "static storage")),
+                   (decode_graphs_module, "static_copy", timed_call(decode_graphs_module.static_copy,
+                                                                    "static storage"))]
+        saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]  # None: inherited
+        try:
+            for owner, name, replacement in patches:
+                setattr(owner, name, replacement)
+            yield self
+        finally:
+            for owner, name, original in saved:
+                if original is None:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, original)
+
+    def line(self, first_step_s: float) -> str:
+        """The phases in ms, and the rest of ``first_step_s``."""
+        rest = first_step_s - sum(self.seconds.values())
+        parts = [f"{name} {seconds * 1e3:.1f}" for name, seconds in self.seconds.items()]
+        return "   first step (ms): " + ", ".join(parts + [f"rest {rest * 1e3:.1f}"])
+
+
+def report(kind: str, step, args, bound_s: float, first_step_s: float | None = None,
+           phases: FirstStepPhases | None = None) -> None:
     step_s = timed(step, torch.device(args.device), args.steps, warmup=2)
     synchronized_s = synchronized_step_seconds(step, args.steps)
     groups, top = profile_steps(step, args.profile_steps)
@@ -103,6 +190,8 @@ def report(kind: str, step, args, bound_s: float, first_step_s: float | None = N
     print(f"== {kind}, length {args.length}, batch {args.batch}: {first}step {step_s * 1e3:.3f} ms (synchronized "
           f"{synchronized_s * 1e3:.3f} ms), bound {bound_s * 1e3:.3f} ms ({step_s / bound_s:.2f}x); kernels "
           f"{kernel_us / 1e3:.3f} ms, between kernels {step_s * 1e3 - kernel_us / 1e3:.3f} ms", flush=True)
+    if phases is not None and first_step_s is not None:
+        print(phases.line(first_step_s))
     for group, (us, count) in sorted(groups.items(), key=lambda item: -item[1][0]):
         print(f"   {group:34s} {us / 1e3:7.3f} ms  {count:6.0f} kernels")
     for name, us, count in top:
@@ -145,12 +234,16 @@ def profile_real_model(args) -> None:
             with own_loop_steps(model, ids, mask, new_tokens, elastic=True) as step:
                 step()  # compiles the captured step's layers (a process does once)
             marks.clear()
-            with own_loop_steps(model, ids, mask, new_tokens, elastic=True, first_token_done=mark) as step:
+            phases = FirstStepPhases()
+            with phases.recording():  # the prefill records nothing: its phases begin after the first token
+                with own_loop_steps(model, ids, mask, new_tokens, elastic=True, first_token_done=mark) as step:
+                    step()
+                    mark()
+            with own_loop_steps(model, ids, mask, new_tokens, elastic=True) as step:
                 step()
-                mark()
                 msr = float(ea.routing_report(model).msr.mean())
                 report(f"elastic (MSR {msr:.2f})", step, args, (weights + bounded_read_bytes(step.cache)) / bandwidth,
-                       marks[1] - marks[0])
+                       marks[1] - marks[0], phases)
         finally:
             ea.detach(model)
         torch.cuda.empty_cache()
@@ -161,11 +254,15 @@ def profile_real_model(args) -> None:
         with own_loop_steps(model, ids, mask, new_tokens) as step:
             step()  # compiles, as above
         marks.clear()
-        with own_loop_steps(model, ids, mask, new_tokens, first_token_done=mark) as step:
+        phases = FirstStepPhases()
+        with phases.recording():
+            with own_loop_steps(model, ids, mask, new_tokens, first_token_done=mark) as step:
+                step()
+                mark()
+        with own_loop_steps(model, ids, mask, new_tokens) as step:
             step()
-            mark()
             bound_s = (weights + dense_read_bytes(model, args.batch, int(mask.sum(1).max()))) / bandwidth
-            report("dense_static_graph", step, args, bound_s, marks[1] - marks[0])
+            report("dense_static_graph", step, args, bound_s, marks[1] - marks[0], phases)
 
 
 def main() -> None:
