@@ -153,6 +153,56 @@ def teacher_forced_decode(model, ids, mask, continuation, cache=None):
     return torch.stack(logits), cache
 
 
+def caches_taking_turns(config, device, tolerance: float) -> None:
+    """Caches of one tiny llama in turn on ``device`` (float32), each teacher-forced and its logits checked against
+    eager steps (within ``tolerance``): one routed to a full head per layer sets up a decode step; one routed all-SSA
+    on other prompts fits it (its segments within the captured key splits) and takes it, which ends the first cache's
+    static mode with its steps counted; the first cache, continued, takes it back; a longer prompt (a larger
+    capacity) does not fit and sets up a second step; the first prompts again take the first step, which covers
+    fewer entries."""
+    from elastic_attention import ElasticCache, attach, force_routing
+
+    model = tiny_model("llama").to(device)
+    attach(model, config, backend="reference")
+    one_full = torch.tensor([[True, False], [False, True]])
+
+    def run(routing, ids, mask, continuation, graphs, cache=None):
+        force_routing(model, routing)
+        if cache is None:
+            return teacher_forced_decode(model, ids, mask, continuation, ElasticCache(model, cuda_graphs=graphs))
+        logits = []
+        with torch.no_grad():
+            for step in range(continuation.shape[1]):
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                logits.append(model(input_ids=continuation[:, step : step + 1], attention_mask=mask,
+                                    past_key_values=cache, use_cache=True).logits[:, -1])
+        return torch.stack(logits), cache
+
+    def checked(routing, ids, mask, continuation, cache=None, eager_cache=None):
+        graphed, cache = run(routing, ids, mask, continuation, True, cache)
+        eager, eager_cache = run(routing, ids, mask, continuation, False, eager_cache)
+        assert float((graphed - eager).abs().max()) < tolerance
+        return cache, eager_cache
+
+    kept = model.forward.kept_graphs
+    first_ids, first_mask, first_steps = left_padded_batch(6, 30, 5, 12, device)
+    other_ids, other_mask, other_steps = left_padded_batch(7, 41, 5, 5, device)
+    long_ids, long_mask, long_steps = left_padded_batch(8, 300, 5, 3, device)
+    first, first_eager = checked(one_full, first_ids, first_mask, first_steps[:, :4])
+    step = first.decode_graph
+    assert kept == {(2, False): [step]}
+    other, _ = checked("sparse", other_ids, other_mask, other_steps)
+    assert other.decode_graph is step and first.static_capacity is None and first.decode_graph is None
+    assert first.get_seq_length() == first_ids.shape[1] + 4  # its static steps counted on the host
+    mask_now = torch.cat([first_mask, torch.ones_like(first_mask[:, :4])], dim=1)
+    first, first_eager = checked(one_full, None, mask_now, first_steps[:, 4:8], first, first_eager)
+    assert first.decode_graph is step and other.static_capacity is None
+    longer, _ = checked(one_full, long_ids, long_mask, long_steps)
+    assert longer.decode_graph is not step and kept[(2, False)] == [step, longer.decode_graph]
+    again, _ = checked(one_full, first_ids, first_mask, first_steps[:, :6])
+    assert again.decode_graph is step and kept[(2, False)] == [longer.decode_graph, step]
+
+
 def generate_with_and_without_graphs(config, ids, mask, new_tokens, first_stop):
     """Per-sample-routed tiny llamas (on the device of ``ids``), attached with CUDA graphs on and off, each
     generating greedily, greedily with an EOS that stops the first sample after at least ``first_stop`` new tokens

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 from conftest import (
+    caches_taking_turns,
     fused_decode_case,
     generate_with_and_without_graphs,
     left_padded_batch,
@@ -149,13 +150,17 @@ def test_generate_with_graphs_equals_generate_without():
     """Greedy, greedy with an EOS that stops one sample early while the other continues, and seeded sampling."""
     ids, mask, _ = _batch(seed=5)
     results, caches, stop = generate_with_and_without_graphs(STATIC_CONFIG, ids, mask, new_tokens=24, first_stop=3)
-    for graphs, pair in caches.items():
-        for cache in pair:
-            assert (cache.static_steps > 0) == graphs
+    greedy_cache, sampled_cache = caches[True]  # the later calls (same prompts and routing) took the first's step
+    assert greedy_cache.static_capacity is None and sampled_cache.static_steps > 0
+    assert all(cache.static_steps == 0 for cache in caches[False])
     for with_graphs, without in zip(results[True], results[False]):
         assert torch.equal(with_graphs, without)
     greedy, stopped, _ = results[True]
     assert (stopped[0, ids.shape[1] + stop + 1 :] == 0).all() and torch.equal(stopped[1], greedy[1])
+
+
+def test_later_caches_replay_a_kept_step_over_their_own_tables():
+    caches_taking_turns(STATIC_CONFIG, "cpu", tolerance=1e-5)
 
 
 def test_static_capacity_is_bounded_by_max_length():

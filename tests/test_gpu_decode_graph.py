@@ -4,6 +4,7 @@ gpu)."""
 import pytest
 import torch
 from conftest import (
+    caches_taking_turns,
     generate_with_and_without_graphs,
     left_padded_batch,
     per_sample_routers,
@@ -85,6 +86,11 @@ def test_replayed_steps_match_float64():
     assert float((actual - expected).abs().max()) <= 2e-2 * float(expected.abs().max())
 
 
+def test_later_caches_replay_a_kept_step_over_their_own_tables():
+    """Captured steps served to caches in turn, over their own storage (`conftest.caches_taking_turns`)."""
+    caches_taking_turns(CONFIG, "cuda", tolerance=1e-4)
+
+
 def test_generate_with_graphs_equals_generate_without():
     """float32: greedy, greedy with an EOS that stops one sample early while the other continues, seeded sampling."""
     generator = torch.Generator().manual_seed(5)
@@ -92,9 +98,9 @@ def test_generate_with_graphs_equals_generate_without():
     mask = torch.ones_like(ids)
     mask[1, :9] = 0
     results, caches, stop = generate_with_and_without_graphs(CONFIG, ids, mask, new_tokens=120, first_stop=10)
-    for graphs, pair in caches.items():
-        for cache in pair:
-            assert (cache.decode_graph is not None) == graphs
+    greedy_cache, sampled_cache = caches[True]  # the later calls (same prompts and routing) replay the first's step
+    assert greedy_cache.decode_graph is None and sampled_cache.decode_graph is not None
+    assert all(cache.decode_graph is None for cache in caches[False])
     for with_graphs, without in zip(results[True], results[False]):
         assert torch.equal(with_graphs, without)
     greedy, stopped, _ = results[True]

@@ -210,6 +210,19 @@ class ElasticCache(Cache):
             layer.end_static(self.static_steps)
         self.static_capacity, self.static_steps, self.decode_graph = None, 0, None
 
+    def static_tables(self) -> list[tuple]:
+        """In static mode, per layer: its address table and the bounds of its kernel's key splits
+        (`ElasticCacheLayer.static_table`)."""
+        return [layer.static_table() for layer in self._elastic_layers]
+
+    def adopt_static_tables(self, tables: list[tuple]) -> None:
+        """In static mode: run on the address tables of ``tables`` (another cache's `static_tables`, which a captured
+        step reads), each layer's own copied into them (`ElasticCacheLayer.adopt_static_table`)."""
+        if len(tables) != len(self._elastic_layers):
+            raise InputError(f"{len(tables)} static tables for a cache of {len(self._elastic_layers)} layers")
+        for layer, (segments, static) in zip(self._elastic_layers, tables):
+            layer.adopt_static_table(segments, static)
+
     def device_lengths(self) -> list[torch.Tensor]:
         """Per layer, each segment's length on the device (static mode); see `ElasticCacheLayer.device_lengths`."""
         return [layer.device_lengths() for layer in self._elastic_layers]

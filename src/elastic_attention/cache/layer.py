@@ -317,12 +317,29 @@ class ElasticCacheLayer(CacheLayerMixin):
         self._static = (self._longest_segment(capacity), self._entries_read())
 
     def end_static(self, steps: int) -> None:
-        """Leave static mode after ``steps`` replayed steps: count them in the host-side lengths."""
+        """Leave static mode after ``steps`` replayed steps: count them in the host-side lengths. The address table
+        is dropped (the next fused step builds its own from those lengths): a captured step keeps it, and may
+        give it to another cache (`adopt_static_table`)."""
         for store in self.sequences:
             store.length += steps
         self.physical_length += steps
         self.fused_steps += steps
-        self._static = None
+        self._static, self._segments = None, None
+
+    def static_table(self) -> tuple[DecodeSegments, tuple[int, int]]:
+        """In static mode: the address table the steps read and advance, and (the most entries a segment can reach,
+        the entries of all segments when static mode began), which fix the fused kernel's key splits."""
+        return self._segments, self._static
+
+    def adopt_static_table(self, segments: DecodeSegments, static: tuple[int, int]) -> None:
+        """In static mode: copy this layer's address table into ``segments`` (a captured step's table, of the same
+        shape, read by its kernels at every replay) and make it this layer's, with the captured step's ``static``
+        (`static_table`; its most entries at least this layer's), so that the step replays over this layer's
+        storage."""
+        own = self._segments
+        for name in ("key_addresses", "value_addresses", "position_addresses", "lengths"):
+            getattr(segments, name).copy_(getattr(own, name))
+        self._segments, self._static = segments, static
 
     def device_lengths(self) -> torch.Tensor:
         """int64 [N * Hkv] each segment's length on the device (static mode), which every step advances."""

@@ -13,7 +13,13 @@ over static input buffers, and replays it. Per step the host copies the new toke
 replays, and counts the step: nothing per layer, and nothing read back but one flag every `MASK_CHECK_INTERVAL` steps
 (`DecodeGraph.check_masks`). When the longest sequence reaches the capacity, the
 cache leaves static mode and the next step captures again with room for more (up to the cache's ``max_length``,
-beyond which the step raises). Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
+beyond which the step raises).
+
+The kernels of a captured step find each cache entry through its layers' address tables, which are device tensors,
+so a captured step can serve a later cache: `GraphedForward` keeps the last `KEPT_GRAPHS` captured steps of each batch
+size, and a cache entering static mode whose tables fit one of them (`DecodeGraph.fits`: the same batch and heads,
+segments no longer than the captured key splits cover) copies its tables into that step's and replays it at once; a
+second `generate` call then pays no capture. A cache whose step is taken so leaves static mode first. Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
 ``ElasticCache(model, cuda_graphs=False)``. Unless ``attach(..., grouped_projections=False)``, the captured step of
 one sequence runs the decoder layers' linear projections as grouped Triton launches (`decode_projections`); once
 compiling pays (`CompilePolicy`: ``attach``'s ``compile_decode``, ``"auto"`` by default) every decoder layer also runs
@@ -38,6 +44,8 @@ from elastic_attention.integration.decode_projections import grouped_projections
 from elastic_attention.integration.module_forwards import replaced_forwards
 from elastic_attention.integration.runtime import STATIC_STEP_KWARG
 
+#: Captured decode steps `GraphedForward` keeps per batch size (and compile setting) for later caches.
+KEPT_GRAPHS = 4
 #: Keyword arguments a graphed decode step understands; any other one that is not None runs the model's own forward.
 _STEP_ARGUMENTS = frozenset({"input_ids", "attention_mask", "position_ids", "past_key_values", "cache", "use_cache",
                              "return_dict", "logits_to_keep", "output_attentions", "output_hidden_states"})
@@ -95,6 +103,41 @@ class DecodeGraph:
         self._output_type: type | None = None
         self._outputs: dict[str, torch.Tensor] = {}
         self._cache_fields: list[str] = []
+        #: Per layer, the address table the steps read and the bounds of its key splits (`ElasticCache.static_tables`
+        #: of the first cache served; later caches copy theirs in); None before the first.
+        self.tables: list[tuple] | None = None
+        self._served: weakref.ref | None = None
+
+    def fits(self, cache) -> bool:
+        """Whether this step can serve ``cache`` (static, not yet served): its tables have the same segments (batch
+        and KV heads) per layer, no longer than the captured key splits cover, and 16-byte aligned where the
+        captured ones were."""
+        if self.tables is None or cache.num_sequences != self.input_ids.shape[0]:
+            return False
+        tables = cache.static_tables()
+        return len(tables) == len(self.tables) and all(
+            theirs.num_segments == mine.num_segments and theirs.num_kv_heads == mine.num_kv_heads
+            and (theirs.aligned or not mine.aligned) and their_bounds[0] <= my_bounds[0]
+            for (mine, my_bounds), (theirs, their_bounds) in zip(self.tables, tables))
+
+    def covered_entries(self) -> int:
+        """Entries the captured key splits cover over all layers (a tighter fit wastes fewer programs)."""
+        return sum(bounds[0] for _, bounds in self.tables or [])
+
+    def serve(self, cache) -> None:
+        """Make this the step of ``cache`` (static; `fits` it once this step has served a cache): the cache it served
+        before leaves static mode, ``cache``'s address tables are copied into this step's (the first cache's
+        become them)."""
+        before = self._served() if self._served is not None else None
+        if before is not None and before is not cache and before.decode_graph is self:
+            before.end_static()
+        if self.tables is None:
+            self.tables = cache.static_tables()
+        else:
+            cache.adopt_static_tables(self.tables)
+        self.padded_step.zero_()
+        self._served = weakref.ref(cache)
+        cache.decode_graph = self
 
     def step(self, cache, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
              position_ids: torch.Tensor | None):
@@ -256,6 +299,8 @@ class GraphedForward:
         self.compile_prefill = compile_prefill
         self.compile_policy = CompilePolicy(compile_layers, compile_after_steps(len(layers)))
         self.group_projections = group_projections
+        #: (batch, compiled layers) -> the last `KEPT_GRAPHS` decode steps set up, least recently served first.
+        self.kept_graphs: dict[tuple[int, bool], list[DecodeGraph]] = {}
         #: The forward the model had (an instance attribute, such as accelerate's hook, stays one after `restore`).
         self.original = model.forward
         self._was_instance_attribute = "forward" in model.__dict__
@@ -290,13 +335,26 @@ class GraphedForward:
                     "create ElasticCache with a larger max_length (or None to grow as needed)"
                 )
             cache.begin_static(capacity)
-            cache.decode_graph = DecodeGraph(self.original, input_ids.shape[0], input_ids.device,
-                                             capture=input_ids.device.type == "cuda", layers=self.layers,
-                                             compile_layers=compile_layers,
-                                             group_projections=self.group_projections)
+            self._decode_graph_for(cache, input_ids, compile_layers).serve(cache)
         output = cache.decode_graph.step(cache, input_ids, kwargs.get("attention_mask"), kwargs.get("position_ids"))
         self.compile_policy.count(input_ids.shape[0], cache.decode_graph.compile_layers)
         return output if kwargs.get("return_dict", True) is not False else output.to_tuple()
+
+    def _decode_graph_for(self, cache, input_ids: torch.Tensor, compile_layers: bool) -> DecodeGraph:
+        """A kept step that fits ``cache`` (static), the one covering the fewest entries; else a new one, kept in
+        place of the least recently served beyond `KEPT_GRAPHS`."""
+        kept = self.kept_graphs.setdefault((input_ids.shape[0], compile_layers), [])
+        fitting = [graph for graph in kept if graph.fits(cache)]
+        if fitting:
+            graph = min(fitting, key=DecodeGraph.covered_entries)
+            kept.remove(graph)
+        else:
+            graph = DecodeGraph(self.original, input_ids.shape[0], input_ids.device,
+                                capture=input_ids.device.type == "cuda", layers=self.layers,
+                                compile_layers=compile_layers, group_projections=self.group_projections)
+        kept.append(graph)
+        del kept[:-KEPT_GRAPHS]
+        return graph
 
     def _graphable_cache(self, args: tuple, kwargs: dict[str, Any]):
         """The `ElasticCache` of a call that a graphed step can serve, else None."""
