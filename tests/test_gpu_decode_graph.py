@@ -131,7 +131,8 @@ def test_request_benchs_own_loop_generates_the_tokens_of_generate(batch, elastic
     CUDA graph a step, decoder layers compiled, batch 1 with grouped projections, the split-K kernel over each
     sequence's unpadded entries) against transformers' `generate` with SDPA over its dynamic cache; elastic
     (per-sample routers, the bounded cache's captured steps) against `generate` on the same attached model. 40
-    greedy tokens, equal."""
+    greedy tokens, equal, on two prompt sets of one shape: the second call replays the first's captured step (dense:
+    kept in ``kept_steps``; elastic: kept by the attached model)."""
     from elastic_attention.bench.request import own_loop_generate
     from elastic_attention.bench.timing import timed_generate
 
@@ -140,10 +141,13 @@ def test_request_benchs_own_loop_generates_the_tokens_of_generate(batch, elastic
     if elastic:
         attach(model, CONFIG, backend="reference", compile_decode=True)
         per_sample_routers(model)
-    ids, mask, _ = (part[:batch] for part in left_padded_batch(4, 40, 7, 0, "cuda"))
-    expected = timed_generate(model, ids, mask, 40, 0)
-    actual = own_loop_generate(model, ids, mask, 40, 0, elastic=elastic)
-    assert torch.equal(actual["tokens"], expected["tokens"]) and actual["tokens"].shape == (batch, 40)
-    assert actual["ttft_s"] > 0 and actual["decode_tokens_per_s"] > 0
-    if not elastic:
-        assert model.config._attn_implementation == "sdpa"  # the static-cache attention put back
+    kept_steps = {}
+    for seed in (4, 5):
+        ids, mask, _ = (part[:batch] for part in left_padded_batch(seed, 40, 7, 0, "cuda"))
+        expected = timed_generate(model, ids, mask, 40, 0)
+        actual = own_loop_generate(model, ids, mask, 40, 0, elastic=elastic, kept_steps=kept_steps)
+        assert torch.equal(actual["tokens"], expected["tokens"]) and actual["tokens"].shape == (batch, 40)
+        assert actual["ttft_s"] > 0 and actual["decode_tokens_per_s"] > 0
+        if not elastic:
+            assert model.config._attn_implementation == "sdpa"  # the static-cache attention put back
+    assert len(kept_steps) == (0 if elastic else 1)

@@ -85,22 +85,33 @@ class StaticCacheDecodeAttention:
         self.pads: torch.Tensor | None = None
 
     def prepare(self, cache: StaticCache, length: int, options: DecodeKernelOptions | None,
-                pads: list[int] | None = None) -> None:
+                pads: list[int] | None = None, in_place: bool = False) -> None:
         """Address tables over ``cache``'s key/value tensors [B, Hkv, capacity, D], slots 0 .. ``length`` - 1
-        filled; sequence b's first ``pads[b]`` slots (left padding; None: none) are left out."""
+        filled; sequence b's first ``pads[b]`` slots (left padding; None: none) are left out. ``in_place`` writes
+        them into the tables (and pads) this object holds for ``cache`` already, which a captured step reads."""
         batch, num_kv, capacity, _ = cache.layers[0].keys.shape
         skip = list(pads) if pads is not None else [0] * batch
         if len(skip) != batch or not all(0 <= pad < length for pad in skip):
             raise InputError(f"pads must give 0 <= pad < {length} for each of {batch} sequences, got {pads}")
+        if in_place and (len(self.segments) != len(cache.layers) or self.capacity != capacity
+                         or self.pads is None or self.pads.numel() != batch):
+            raise InputError("prepare(in_place=True) rewrites the tables of the same static cache: prepare it first")
         rows = [(b, h) for b in range(batch) for h in range(num_kv)]
-        self.segments, self.options = {}, options
+        segments, self.options = {}, options
         for index, layer in enumerate(cache.layers):
             keys, values = layer.keys, layer.values
-            self.segments[index] = DecodeSegments.from_columns(
+            segments[index] = DecodeSegments.from_columns(
                 [keys[b, h, skip[b]].data_ptr() for b, h in rows], [values[b, h, skip[b]].data_ptr() for b, h in rows],
                 [0] * len(rows), [length - skip[b] for b, _ in rows], num_kv_heads=num_kv, device=keys.device)
+        pads_now = torch.tensor(skip, dtype=torch.long, device=cache.layers[0].keys.device)
+        if in_place:
+            for index, table in segments.items():
+                for name in ("key_addresses", "value_addresses", "position_addresses", "lengths"):
+                    getattr(self.segments[index], name).copy_(getattr(table, name))
+            self.pads.copy_(pads_now)
+        else:
+            self.segments, self.pads = segments, pads_now
         self.capacity, self.total_entries = capacity, sum(length - skip[b] + 1 for b, _ in rows)
-        self.pads = torch.tensor(skip, dtype=torch.long, device=cache.layers[0].keys.device)
 
     def device_lengths(self) -> list[torch.Tensor]:
         return [segments.lengths for segments in self.segments.values()]
@@ -190,6 +201,14 @@ class Stepper:
         return self.model(input_ids=self.token, position_ids=self.positions, past_key_values=self.cache,
                           use_cache=True, logits_to_keep=1).logits
 
+    def restart(self, token: torch.Tensor, length: int, positions: torch.Tensor | None = None) -> None:
+        """Go on from another prefill of the same shape over the same cache (refilled): ``token`` [B, 1] and
+        ``positions`` as the constructor's, written into the buffers a captured step reads."""
+        self.length = length
+        self.token.copy_(token)
+        self.positions.copy_(torch.full_like(self.positions, length) if positions is None
+                             else positions.view_as(self.positions))
+
     def __call__(self) -> torch.Tensor:
         """One step; returns its logits [B, 1, vocab]; the next step feeds their argmax."""
         if self.static is None:
@@ -218,10 +237,17 @@ class UntracedStaticCache(StaticCache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
-def static_copy(model, dense: DynamicCache, length: int, capacity: int) -> StaticCache:
+def static_copy(model, dense: DynamicCache, length: int, capacity: int, into: StaticCache | None = None
+                ) -> StaticCache:
     """transformers' StaticCache (`UntracedStaticCache`) for ``capacity`` tokens holding the ``length`` entries of
-    ``dense``."""
-    static = UntracedStaticCache(config=model.config, max_cache_len=capacity)
+    ``dense``: a new one, or ``into`` (of that capacity) emptied and refilled in place."""
+    if into is None:
+        static = UntracedStaticCache(config=model.config, max_cache_len=capacity)
+    elif into.layers[0].max_cache_len != capacity:
+        raise InputError(f"static_copy into a cache of {into.layers[0].max_cache_len} tokens, asked for {capacity}")
+    else:
+        static = into
+        static.reset()
     for index, layer in enumerate(dense.layers):
         static.update(layer.keys[:, :, :length], layer.values[:, :, :length], index)
     return static

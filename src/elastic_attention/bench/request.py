@@ -8,7 +8,9 @@ stamping each token (synchronized): ``ttft_s`` is the first stamp (routing, pref
 ``decode_tokens_per_s`` is batch x (new tokens - 1) over the time from the first stamp to the last, of which
 ``first_step_s`` is the first decode step (with what it sets up for the rest: static storage, a captured graph) and
 ``steady_decode_tokens_per_s`` batch over the median later step. Each setup runs twice on the same prompts; the
-second call is timed (the first compiles and captures what it needs; its time to its last token is ``first_call_s``).
+second call is timed (the first compiles and captures what it needs; its time to its last token is ``first_call_s``;
+the second replays the first's captured step, elastic and ``static_cache_graph`` alike, as a process serving
+requests of one shape would).
 
 - ``elastic``: the model with its router attached as `load_router` attaches it (backend ``auto``, the bounded cache,
   captured decode steps), once per ``--compile-decode`` setting (``off``: the captured steps run the layers as they
@@ -141,10 +143,10 @@ def chosen_setups(setups: list[tuple[str, str, dict]], missing: dict[str, str], 
 
 
 def own_loop_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int, *,
-                      elastic: bool = False) -> dict:
+                      elastic: bool = False, kept_steps: dict | None = None) -> dict:
     """Greedy decoding in a loop of this module's own, without `generate` around it (none of its host work between
     steps); timed as `timed_generate` (a stamp per token after synchronizing; end of sequence never chosen) and
-    returning its fields. The prefill and the steps are `own_loop_steps`'."""
+    returning its fields. The prefill and the steps are `own_loop_steps`' (with ``kept_steps``)."""
     from elastic_attention.bench.timing import TokenClock
     from elastic_attention.cache import cache_nbytes
 
@@ -153,8 +155,8 @@ def own_loop_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: 
     if cuda:
         torch.cuda.reset_peak_memory_stats(ids.device)
     clock.start()
-    with own_loop_steps(model, ids, mask, new_tokens, elastic=elastic, first_token_done=lambda: clock(None, None)
-                        ) as step:
+    with own_loop_steps(model, ids, mask, new_tokens, elastic=elastic, first_token_done=lambda: clock(None, None),
+                        kept_steps=kept_steps) as step:
         tokens = [step.token.clone()]
         for _ in range(new_tokens - 1):
             step()
@@ -168,7 +170,7 @@ def own_loop_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: 
 
 @contextlib.contextmanager
 def own_loop_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, *, elastic: bool = False,
-                   first_token_done=None):
+                   first_token_done=None, kept_steps: dict | None = None):
     """The decode steps of `own_loop_generate` after its prefill: yields a `decode_graphs.Stepper` whose ``token``
     [B, 1] is the prefill's greedy token and whose calls make the next ``new_tokens - 1`` (room for 8 more).
 
@@ -180,7 +182,9 @@ def own_loop_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
       `StaticCache`; each step replayed as a captured CUDA graph (decoder layers compiled, batch 1: grouped
       projections) whose attention is the fused split-K decode kernel over each sequence's unpadded entries
       (`decode_graphs.StaticCacheDecodeAttention`): the fastest dense decode this project knows; the model's
-      attention implementation is put back on exit;
+      attention implementation is put back on exit. With ``kept_steps`` (a dict the caller keeps between calls),
+      a later call of the same batch and capacity refills the earlier call's static cache and replays its captured
+      step, as an elastic model's later caches replay its kept steps (`integration.decode_graph`);
     - ``elastic`` True: the model as attached, over the cache its prefill gets (`attach`'s ``cache``: an
       `ElasticCache` by default, whose steps are captured as `attach` set them).
     """
@@ -201,16 +205,26 @@ def own_loop_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
         if first_token_done is not None:
             first_token_done()
         steps = {"positions": positions[:, -1:] + 1, "suppressed_tokens": suppressed}
+        key, pads = (ids.shape[0], length + new_tokens + 8), (mask == 0).sum(1).tolist()
         if elastic:
-            cache = output.past_key_values
+            stepper = Stepper(model, output.past_key_values, token, length, **steps)
+        elif kept_steps is not None and key in kept_steps:
+            stepper, STATIC_ATTENTION.segments, STATIC_ATTENTION.pads = kept_steps[key]
+            static_copy(model, output.past_key_values, length, key[1], into=stepper.cache)
+            STATIC_ATTENTION.prepare(stepper.cache, length, None, pads=pads, in_place=True)
+            stepper.restart(token, length, steps["positions"])
         else:
-            cache = static_copy(model, output.past_key_values, length, length + new_tokens + 8)
-            STATIC_ATTENTION.prepare(cache, length, None, pads=(mask == 0).sum(1).tolist())
-            model.set_attn_implementation(STATIC_ATTENTION_NAME)
+            cache = static_copy(model, output.past_key_values, length, key[1])
+            STATIC_ATTENTION.prepare(cache, length, None, pads=pads)
             steps.update(graph_over_static=STATIC_ATTENTION, compile_layers=True, group_projections=ids.shape[0] == 1)
+            stepper = Stepper(model, cache, token, length, **steps)
+            if kept_steps is not None:
+                kept_steps[key] = (stepper, STATIC_ATTENTION.segments, STATIC_ATTENTION.pads)
+        if not elastic:
+            model.set_attn_implementation(STATIC_ATTENTION_NAME)
         del output, logits
         try:
-            yield Stepper(model, cache, token, length, **steps)
+            yield stepper
         finally:
             if not elastic:
                 model.set_attn_implementation(prefill_implementation)
@@ -291,10 +305,12 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
         model.set_attn_implementation(implementation)
         skips = cudagraph_skips()
         try:
-            generate = {CAPTURED_SETUP: own_loop_generate,
+            kept_steps = {}  # the first call's captured dense step, replayed by the timed call
+            generate = {CAPTURED_SETUP: functools.partial(own_loop_generate, kept_steps=kept_steps),
                         COMPILED_LAYERS_SETUP: compiled_layers_generate}.get(name, timed_generate)
             measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, generate=generate, **kwargs)
         finally:
+            kept_steps.clear()
             model.set_attn_implementation("sdpa")
         extra = {"cuda_graphs": cudagraph_skips() == skips} if name == "static_cache_compiled" else {}
         rows.append({**common, "mode": "dense", "baseline": name, "msr": 0.0, **measured, **extra,
