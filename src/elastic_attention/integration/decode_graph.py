@@ -19,9 +19,10 @@ The kernels of a captured step find each cache entry through its layers' address
 so a captured step can serve a later cache: `GraphedForward` keeps the last `KEPT_GRAPHS` captured steps of each batch
 size, and a cache entering static mode whose tables fit one of them (`DecodeGraph.fits`: the same batch and heads,
 segments no longer than the captured key splits cover) copies its tables into that step's and replays it at once; a
-second `generate` call then pays no capture. A cache whose step is taken so leaves static mode first. Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or
-``ElasticCache(model, cuda_graphs=False)``. Unless ``attach(..., grouped_projections=False)``, the captured step of
-one sequence runs the decoder layers' linear projections as grouped Triton launches (`decode_projections`); once
+second `generate` call then pays no capture. A cache whose step is taken so leaves static mode first.
+
+Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or ``ElasticCache(model, cuda_graphs=False)``.
+Unless ``attach(..., grouped_projections=False)``, the captured step of one sequence runs the decoder layers' linear projections as grouped Triton launches (`decode_projections`); once
 compiling pays (`CompilePolicy`: ``attach``'s ``compile_decode``, ``"auto"`` by default) every decoder layer also runs
 through ``torch.compile`` (`compiled`), which fuses the elementwise work around the projections (`decode_layers`
 sets up both).
