@@ -263,3 +263,53 @@ def test_compiled_prefill_rows_run_beside_a_dense_setup_with_compiled_layers(rou
         elastic = [row for row in rows if row["mode"] == "elastic"]
         assert elastic and all(row["compile_prefill"] and row["tokens_equal_reference"] for row in elastic)
     assert "| elastic | router, compiled prefill |" in out.with_suffix(".md").read_text()
+
+
+def test_first_step_phases_time_each_phase_once_and_put_everything_back(monkeypatch):
+    """scripts/profile_decode_graph.py's `FirstStepPhases` on stand-ins for the CUDA calls (synchronize, the graph's
+    capture and replay): each phase is the time between its stamps, the eager run is `capture_graph`'s time outside
+    the capture and empty_cache, only the first replay counts, and every patched attribute is put back."""
+    import time
+
+    import elastic_attention.bench.decode_graphs as decode_graphs_module
+    import elastic_attention.integration.decode_graph as decode_graph_module
+    from elastic_attention.cache.bounded import ElasticCache
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+
+    def spends(seconds):
+        def call(*args, **kwargs):
+            clock["now"] += seconds
+        return call
+
+    graph_class = torch.cuda.CUDAGraph
+    for name, seconds in (("capture_begin", 0.001), ("capture_end", 0.030), ("replay", 0.002)):
+        monkeypatch.setattr(graph_class, name, spends(seconds))
+    monkeypatch.setattr(torch.cuda, "empty_cache", spends(0.004))
+    monkeypatch.setattr(ElasticCache, "begin_static", spends(0.010))
+    graph = object.__new__(graph_class)
+
+    def capture_graph(run, device_state):  # an eager run of 0.020 s, then torch.cuda.graph's empty_cache and capture
+        clock["now"] += 0.020
+        torch.cuda.empty_cache()
+        graph_class.capture_begin(graph)
+        graph_class.capture_end(graph)
+        return graph, None
+
+    monkeypatch.setattr(decode_graph_module, "capture_graph", capture_graph)
+    before = {name: graph_class.__dict__[name] for name in ("capture_begin", "capture_end", "replay")}
+    phases = load_script("profile_decode_graph").FirstStepPhases()
+    with phases.recording():
+        ElasticCache.begin_static(None, 0)
+        decode_graph_module.capture_graph(None, [])
+        graph_class.replay(graph)
+        graph_class.replay(graph)  # a later replay: not the first step's
+    seconds = {name: round(value, 6) for name, value in phases.seconds.items()}
+    assert seconds == {"static storage": 0.010, "eager run": 0.020, "empty_cache": 0.004, "capture": 0.031,
+                       "first replay": 0.002}
+    assert phases.line(0.070) == ("   first step (ms): static storage 10.0, empty_cache 4.0, capture 31.0, eager run "
+                                  "20.0, first replay 2.0, rest 3.0")
+    assert decode_graph_module.capture_graph is capture_graph and torch.cuda.empty_cache.__name__ == "call"
+    assert {name: graph_class.__dict__[name] for name in before} == before
