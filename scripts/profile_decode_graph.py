@@ -12,8 +12,10 @@ bounded cache, captured compiled steps as `bench request` runs them) against ``d
 prefill, then the captured static-cache step); ``--length`` is then the prompt length. Each kind also reports its step
 with a synchronization after every step (``synchronized``: the request's clock stamps each token so), whose excess
 over the step is host time the GPU waits for, and its first step as the request times it, in a second run after a
-first that compiles (from the first token, synchronized, to the end of the first step: the static storage, the
-captured graph and their set-up, which the request's decode rate pays once per call), split into its phases
+first that compiles (from the first token, synchronized, to the end of the first step: the static storage and,
+for the dense step, which this script does not keep between runs, the captured graph; the elastic run replays the
+step its first run captured, as the attached model keeps it, and as `bench request`'s timed calls do on both sides),
+split into its phases
 (`FirstStepPhases`: the static storage, the eager run before the capture, the allocator's ``empty_cache`` that
 ``torch.cuda.graph`` calls, the capture, the first replay, and the rest).
 

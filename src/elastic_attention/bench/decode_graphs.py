@@ -106,8 +106,7 @@ class StaticCacheDecodeAttention:
         pads_now = torch.tensor(skip, dtype=torch.long, device=cache.layers[0].keys.device)
         if in_place:
             for index, table in segments.items():
-                for name in ("key_addresses", "value_addresses", "position_addresses", "lengths"):
-                    getattr(self.segments[index], name).copy_(getattr(table, name))
+                self.segments[index].copy_(table)
             self.pads.copy_(pads_now)
         else:
             self.segments, self.pads = segments, pads_now

@@ -336,9 +336,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         shape, read by its kernels at every replay) and make it this layer's, with the captured step's ``static``
         (`static_table`; its most entries at least this layer's), so that the step replays over this layer's
         storage."""
-        own = self._segments
-        for name in ("key_addresses", "value_addresses", "position_addresses", "lengths"):
-            getattr(segments, name).copy_(getattr(own, name))
+        segments.copy_(self._segments)
         self._segments, self._static = segments, static
 
     def device_lengths(self) -> torch.Tensor:

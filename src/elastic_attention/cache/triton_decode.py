@@ -116,6 +116,12 @@ class DecodeSegments:
     def num_segments(self) -> int:
         return int(self.lengths.numel())
 
+    def copy_(self, other: DecodeSegments) -> None:
+        """Write ``other``'s addresses and lengths (as many segments) into this table's tensors, in place: a captured
+        step that reads this table then runs over ``other``'s storage."""
+        for name in ("key_addresses", "value_addresses", "position_addresses", "lengths"):
+            getattr(self, name).copy_(getattr(other, name))
+
 
 def write_step_entries(new_keys: torch.Tensor, new_values: torch.Tensor, segments: DecodeSegments, *,
                        sink_tokens: int, local_tokens: int) -> None:
