@@ -1,16 +1,20 @@
-"""Which `GemvOptions` make `grouped_linear` fastest on this GPU for a decoder layer's projections at batch 1, and
-is it faster than cuBLAS there?
+"""Which `GemvOptions` make `grouped_linear` fastest on this GPU for a decoder layer's projections at a small batch
+(``--rows``, 1 by default), and is it faster than cuBLAS there?
 
 Builds the projections of ``--layers`` decoder layers of the given shape (default: Llama-3.1-8B; random bf16
 weights, enough layers that no weight stays in L2 between two reads) and times one layer's projections (q, k, v;
-o; gate, up; down) for one row of input, cycling through the layers, as cuBLAS runs them
+o; gate, up; down) for ``--rows`` rows of input, cycling through the layers, as cuBLAS runs them
 (``torch.nn.functional.linear`` per weight) and as `grouped_linear` runs them with each candidate (q/k/v and
-gate/up in one launch each): ``--steps`` layers captured as one CUDA graph and replayed, so no host time counts.
+gate/up in one launch each; one row: the CUDA-core kernel's candidates, more: the tensor-core kernel's): ``--steps``
+layers captured as one CUDA graph and replayed, so no host time counts.
 Every candidate's outputs are checked against cuBLAS's. Rows give microseconds per layer and the bandwidth reached
 (weight bytes over time) next to the copy bandwidth of the same run; ``groups`` times each group alone, by cuBLAS
-and by the fastest candidate. "fastest" is what `grouped_gemv.DEFAULT_OPTIONS` should hold for this GPU.
+and by the fastest candidate. "fastest" is what `grouped_gemv.DEFAULT_OPTIONS` (one row) or `FEW_ROWS_OPTIONS`
+(more) should hold for this GPU.
 
   python3 scripts/gemv_sweep.py --out /tmp/gemv_sweep.json
+  python3 scripts/gemv_sweep.py --rows 8 --hidden 1536 --intermediate 8960 --heads 12 --kv-heads 2 \
+      --out /tmp/gemv_sweep_qwen1.5b_rows8.json      # Qwen2.5-1.5B's shape at batch 8
 """
 
 from __future__ import annotations
@@ -27,8 +31,13 @@ from elastic_attention.bench.timing import copy_bandwidth, run_header, timed, wr
 from elastic_attention.integration.decode_graph import capture_graph
 from elastic_attention.kernels.grouped_gemv import GemvOptions, grouped_linear
 
+#: Candidates for one row of input (the CUDA-core kernel).
 CANDIDATES = [GemvOptions(rows, cols, warps, stages) for rows, cols, warps, stages in
               itertools.product((2, 4, 8), (512, 1024, 2048), (2, 4, 8), (1, 3))]
+
+#: Candidates for several rows (the tensor-core kernel: tiles of at least 16).
+FEW_ROWS_CANDIDATES = [GemvOptions(rows, cols, warps, stages) for rows, cols, warps, stages in
+                       itertools.product((16, 32, 64), (64, 128, 256, 512), (4, 8), (2, 3, 4))]
 
 
 def name_of(options: GemvOptions) -> str:
@@ -42,6 +51,7 @@ def main(argv=None) -> None:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--rows", type=int, default=1, help="rows of input (a decode step's batch), 1 to 16")
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--steps", type=int, default=12, help="layers per captured graph")
     parser.add_argument("--repeats", type=int, default=20)
@@ -61,7 +71,7 @@ def main(argv=None) -> None:
     bandwidth = copy_bandwidth(device)
     result = {**run_header(device), "copy_bandwidth_bytes_per_s": bandwidth, "layer_weight_bytes": layer_bytes,
               "shape": vars(args) | {"out": str(args.out)}}
-    inputs = {group: torch.randn(1, 1, cols, device=device, dtype=torch.bfloat16, generator=generator)
+    inputs = {group: torch.randn(args.rows, 1, cols, device=device, dtype=torch.bfloat16, generator=generator)
               for group, cols in (("qkv", h), ("o", q_rows), ("gate_up", h), ("down", i))}
 
     def cublas(x, ws):
@@ -81,7 +91,7 @@ def main(argv=None) -> None:
     reference_s, reference = measure(cublas)
     rows = [{"candidate": "cublas", "us_per_layer": reference_s * 1e6,
              "bandwidth_fraction": layer_bytes / reference_s / bandwidth}]
-    for options in CANDIDATES:
+    for options in CANDIDATES if args.rows == 1 else FEW_ROWS_CANDIDATES:
         row = {"candidate": name_of(options), "options": dataclasses.asdict(options)}
         try:
             seconds, outputs = measure(lambda x, ws, options=options: grouped_linear(x, ws, None, options))

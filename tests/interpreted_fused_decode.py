@@ -313,9 +313,9 @@ def test_compiled_layers_equal_uncompiled_ones_and_compile_once_for_every_layer(
 
 
 def test_grouped_projections_give_the_plain_logits(monkeypatch):
-    """Static steps of one sequence with the decoder layer's projections grouped (q/k/v and gate/up one launch each,
-    o and down alone), eager and compiled, give the logits of the plain projections; eager, every group launched
-    once per step (counted); at batch 2 none does (more rows are cuBLAS's)."""
+    """Static steps with the decoder layer's projections grouped (q/k/v and gate/up one launch each, o and down
+    alone), of one sequence eager and compiled and of two eager, give the logits of the plain projections; eager,
+    every group launched once per step (counted); with `GROUPED_ROWS` 1, none at batch 2 (more rows are cuBLAS's)."""
     from elastic_attention.integration import decode_projections
 
     launches = []
@@ -334,33 +334,44 @@ def test_grouped_projections_give_the_plain_logits(monkeypatch):
     compiled_grouped, _ = _compiled_static_steps(1, compile_layers=True, group_projections=True, batch=1)
     assert float((compiled_grouped - plain).abs().max()) < 1e-5
     launches.clear()
+    plain_pair, _ = _compiled_static_steps(1, compile_layers=False, batch=2)
+    grouped_pair, _ = _compiled_static_steps(1, compile_layers=False, group_projections=True, batch=2)
+    assert float((grouped_pair - plain_pair).abs().max()) < 1e-5
+    assert launches == [3, 1, 2, 1] * 4
+    launches.clear()
+    monkeypatch.setattr(decode_projections, "GROUPED_ROWS", 1)
     _compiled_static_steps(1, compile_layers=False, group_projections=True, batch=2)
     assert launches == []
 
 
-@pytest.mark.parametrize("cols, rows, bias, block_rows, block_cols", [
-    (40, [24, 8, 8], True, 4, 2048), (100, [17], False, 4, 32), (64, [33, 5], True, 8, 16),
-    (17, [3, 3, 70], False, 32, 16)])
-def test_grouped_linear_kernel_matches_float64(cols, rows, bias, block_rows, block_cols):
-    """One to three weights over one row of input, sizes off every block (and a column block wider than the input)."""
+@pytest.mark.parametrize("inputs, cols, rows, bias, block_rows, block_cols", [
+    (1, 40, [24, 8, 8], True, 4, 2048), (1, 100, [17], False, 4, 32), (1, 64, [33, 5], True, 8, 16),
+    (1, 17, [3, 3, 70], False, 32, 16), (2, 40, [24, 8, 8], True, 16, 2048), (3, 100, [17], False, 16, 32),
+    (8, 64, [33, 5], True, 32, 16), (16, 17, [3, 3, 70], False, 16, 16), (5, 300, [20, 4], True, 16, 64)])
+def test_grouped_linear_kernel_matches_float64(inputs, cols, rows, bias, block_rows, block_cols):
+    """One to three weights over 1 to 16 rows of input (one row: the CUDA-core kernel; more: the tensor-core one),
+    sizes off every block (and a column block wider than the input)."""
     from elastic_attention.kernels.grouped_gemv import GemvOptions, grouped_linear
 
-    generator = torch.Generator().manual_seed(cols)
-    x = torch.randn(1, 1, cols, generator=generator)
+    generator = torch.Generator().manual_seed(cols + inputs)
+    x = torch.randn(inputs, 1, cols, generator=generator)
     weights = [torch.randn(n, cols, generator=generator) for n in rows]
     biases = [torch.randn(n, generator=generator) for n in rows] if bias else None
     outputs = grouped_linear(x, weights, biases, GemvOptions(block_rows, block_cols, num_warps=1, num_stages=1))
     for index, (output, weight) in enumerate(zip(outputs, weights)):
         expected = x.double() @ weight.double().T + (biases[index].double() if bias else 0)
-        assert output.shape == (1, 1, weight.shape[0])
+        assert output.shape == (inputs, 1, weight.shape[0])
         assert float((output.double() - expected).abs().max()) < 1e-4
+    default = grouped_linear(x, weights, biases)  # DEFAULT_OPTIONS or FEW_ROWS_OPTIONS
+    assert all(float((a - b).abs().max()) < 1e-4 for a, b in zip(default, outputs))
 
 
 def test_grouped_linear_refuses_what_it_does_not_compute():
-    from elastic_attention.kernels.grouped_gemv import grouped_linear
+    from elastic_attention.kernels.grouped_gemv import GemvOptions, grouped_linear
 
     x, weight = torch.randn(1, 8), torch.randn(4, 8)
-    cases = [((torch.randn(2, 8), [weight]), "one row of input"), ((x, [weight] * 4), "1 to 3 weights"),
+    cases = [((torch.randn(17, 8), [weight]), "1 to 16 rows of input"), ((x, [weight] * 4), "1 to 3 weights"),
+             ((torch.randn(2, 8), [weight], None, GemvOptions(block_rows=4)), "block_rows and block_cols of at least"),
              ((x, [torch.randn(4, 9)]), "must be contiguous [N, 8]"), ((x, [weight.T.contiguous().T]), "contiguous"),
              ((x, [weight.double()]), "torch.float64"), ((x, [weight], [torch.randn(5)]), "biases must be")]
     for arguments, message in cases:

@@ -8,10 +8,10 @@ sequence, host work included) of each kind:
 
 - ``bounded``: elastic attention attached (``compile_decode=True, grouped_projections=True``), routing forced to
   ``--msr`` (FA-SSA), the `ElasticCache`; its steps replay a captured graph (`integration.decode_graph`) whose
-  decoder layers went through torch.compile (the cache update and attention outside the compiled graphs) and, at
-  batch 1, ran their linear projections as grouped Triton launches (`integration.decode_projections`), the first
+  decoder layers went through torch.compile (the cache update and attention outside the compiled graphs) and, up
+  to `decode_projections.GROUPED_ROWS` sequences, ran their linear projections as grouped Triton launches (`integration.decode_projections`), the first
   step's capture (and compile) left out of the timing;
-- ``bounded_cublas_projections`` (batch 1): the same with the projections left to cuBLAS;
+- ``bounded_cublas_projections`` (at those batch sizes): the same with the projections left to cuBLAS;
 - ``bounded_graph_uncompiled``: the same as ``bounded``, nothing compiled;
 - ``bounded_eager``: the same cache with its steps run eagerly (``cuda_graphs=False``, the fused kernels);
 - ``dense``: the model without elastic attention, its own dynamic cache and SDPA as torch picks it, eagerly;
@@ -21,7 +21,7 @@ sequence, host work included) of each kind:
   by the same fused split-K decode kernel over each (sequence, KV head)'s filled entries (`StaticCacheDecodeAttention`):
   one read of the cache per step, no key/value repeated per query head (transformers' SDPA path over a static cache
   repeats them and masks every unfilled slot; under a graph it needs a mask that changes per step);
-- ``dense_static_graph_cublas_projections`` (batch 1): the same with the projections left to cuBLAS (what a
+- ``dense_static_graph_cublas_projections`` (at those batch sizes): the same with the projections left to cuBLAS (what a
   transformers user gets from a static cache and torch.compile);
 - ``dense_static_graph_uncompiled``: the same as ``dense_static_graph``, nothing compiled.
 
@@ -164,9 +164,11 @@ DENSE_GRAPH_KINDS = (("dense_static_graph", True, True), ("dense_static_graph_cu
 
 
 def kinds_at(kinds: tuple, batch: int) -> list:
-    """The ``kinds`` measured at ``batch``: the cuBLAS-projection ones at batch 1 only (at a larger batch the
-    projections are cuBLAS's in every kind)."""
-    return [kind for kind in kinds if batch == 1 or not kind[0].endswith("cublas_projections")]
+    """The ``kinds`` measured at ``batch``: the cuBLAS-projection ones up to `decode_projections.GROUPED_ROWS` only
+    (at a larger batch the projections are cuBLAS's in every kind)."""
+    from elastic_attention.integration.decode_projections import GROUPED_ROWS
+
+    return [kind for kind in kinds if batch <= GROUPED_ROWS or not kind[0].endswith("cublas_projections")]
 
 
 class Stepper:
@@ -268,7 +270,7 @@ def decoder_layers_of(model) -> list:
 
 def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list[dict]:
     """Rows of ``bounded``, ``bounded_cublas_projections``, ``bounded_graph_uncompiled`` and ``bounded_eager`` at every
-    batch size (the second at batch 1 only)."""
+    batch size (the second up to `decode_projections.GROUPED_ROWS` only)."""
     length = prompt.shape[1]
     attach(model, elastic_config(args), backend=args.backend)  # each kind sets how its steps run (BOUNDED_KINDS)
     force_routing(model, forced_routing(args.layers, args.kv_heads, args.msr, args.seed))
@@ -438,10 +440,10 @@ def run(args) -> dict:
             "dense": "the model without elastic attention: its dynamic cache, SDPA as torch picks it or without "
                      "cuDNN (the faster), eager steps",
             "dense_static_graph": "the model without elastic attention over transformers' StaticCache, its forward "
-                                  "captured as a CUDA graph (decoder layers through torch.compile, at batch 1 the "
-                                  "grouped projections of the bounded kind), attention by the fused split-K GQA "
+                                  "captured as a CUDA graph (decoder layers through torch.compile, the grouped "
+                                  "projections of the bounded kind), attention by the fused split-K GQA "
                                   "decode kernel",
-            "dense_static_graph_cublas_projections": "the same with cuBLAS projections (batch 1)",
+            "dense_static_graph_cublas_projections": "the same with cuBLAS projections (at the grouped projections' batch sizes)",
         },
         "results": rows,
         "request": None,

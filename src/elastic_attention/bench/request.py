@@ -179,8 +179,8 @@ def own_loop_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
     one, then:
 
     - ``elastic`` False (CUDA only): the model without elastic attention; its cache copied into transformers'
-      `StaticCache`; each step replayed as a captured CUDA graph (decoder layers compiled, batch 1: grouped
-      projections) whose attention is the fused split-K decode kernel over each sequence's unpadded entries
+      `StaticCache`; each step replayed as a captured CUDA graph (decoder layers compiled, projections grouped as
+      the elastic model's are: `integration.decode_projections`) whose attention is the fused split-K decode kernel over each sequence's unpadded entries
       (`decode_graphs.StaticCacheDecodeAttention`): the fastest dense decode this project knows; the model's
       attention implementation is put back on exit. With ``kept_steps`` (a dict the caller keeps between calls),
       a later call of the same batch and capacity refills the earlier call's static cache and replays its captured
@@ -216,7 +216,7 @@ def own_loop_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
         else:
             cache = static_copy(model, output.past_key_values, length, key[1])
             STATIC_ATTENTION.prepare(cache, length, None, pads=pads)
-            steps.update(graph_over_static=STATIC_ATTENTION, compile_layers=True, group_projections=ids.shape[0] == 1)
+            steps.update(graph_over_static=STATIC_ATTENTION, compile_layers=True, group_projections=True)
             stepper = Stepper(model, cache, token, length, **steps)
             if kept_steps is not None:
                 kept_steps[key] = (stepper, STATIC_ATTENTION.segments, STATIC_ATTENTION.pads)

@@ -1,11 +1,12 @@
-"""A decoder layer's linear projections as `kernels.grouped_gemv` launches, in a captured decode step at batch 1.
+"""A decoder layer's linear projections as `kernels.grouped_gemv` launches, in a captured decode step at a small batch.
 
 `projection_groups` finds every ``nn.Linear`` of the decoder layers and groups those that read the same input by
 their names (q, k and v; gate and up: the Llama family's, which every supported family but gpt-oss's experts
 shares); any other projection (o, down) is a group of one. Inside `grouped_projections` each projection's
-``forward`` is its group's: the first member called with one row of input computes the whole group in one launch
-and keeps the outputs; a member then called with that same input tensor returns its part. Any other call (more
-rows, another input, a dtype or device the kernel does not take) runs ``torch.nn.functional.linear`` as before.
+``forward`` is its group's: the first member called with 1 to `GROUPED_ROWS` rows of input computes the whole group
+in one launch and keeps the outputs; a member then called with that same input tensor returns its part. Any other
+call (more rows, another input, a dtype or device the kernel does not take) runs ``torch.nn.functional.linear`` as
+before.
 Forward hooks (the router's key hook on k_proj) run as usual: only ``forward`` changes, and only inside the block.
 """
 
@@ -18,16 +19,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from elastic_attention.integration.module_forwards import replaced_forwards
-from elastic_attention.kernels.grouped_gemv import MAX_WEIGHTS, grouped_gemv_available, grouped_linear_op
+from elastic_attention.kernels.grouped_gemv import (MAX_INPUT_ROWS, MAX_WEIGHTS, grouped_gemv_available,
+                                                    grouped_linear_op)
 
 #: Projections of one decoder layer that read the same input, by their paths under the layer.
 SHARED_INPUT_PROJECTIONS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                             ("mlp.gate_proj", "mlp.up_proj"))
 
 
+#: The most rows of input (a decode step's batch) whose projections run grouped; more go to cuBLAS.
+GROUPED_ROWS = MAX_INPUT_ROWS
+
+
 class ProjectionGroup:
     """Linear layers that read one input (1 to `MAX_WEIGHTS`, same input size, dtype and device, all with a bias or
-    none), computed together for one row of input."""
+    none), computed together for 1 to `GROUPED_ROWS` rows of input."""
 
     def __init__(self, linears: list[nn.Linear]) -> None:
         self.linears = linears
@@ -40,7 +46,8 @@ class ProjectionGroup:
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             weight = linear.weight
-            if x.numel() != x.shape[-1] or x.dtype != weight.dtype or not grouped_gemv_available(x.device, x.dtype):
+            if (x.numel() > GROUPED_ROWS * x.shape[-1] or x.dtype != weight.dtype
+                    or not grouped_gemv_available(x.device, x.dtype)):
                 return F.linear(x, weight, linear.bias)
             if self._input is not x:
                 biases = [member.bias for member in self.linears] if linear.bias is not None else []
