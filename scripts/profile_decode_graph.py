@@ -56,7 +56,7 @@ from elastic_attention.bench.timing import copy_bandwidth, timed
 #: Kernel-name fragments of each group (the first group that matches).
 GROUPS = {
     "decode attention (step, merge)": ("step_kernel", "merge_kernel", "write_kernel"),
-    "matrix products": ("gemv", "gemm", "nvjet", "cutlass", "sm90", "splitk", "cublas"),
+    "matrix products": ("gemv", "grouped_rows", "gemm", "nvjet", "cutlass", "sm90", "splitk", "cublas"),
     "Inductor fused kernels": ("triton_",),
 }
 
