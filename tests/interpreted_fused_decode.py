@@ -315,7 +315,8 @@ def test_compiled_layers_equal_uncompiled_ones_and_compile_once_for_every_layer(
 def test_grouped_projections_give_the_plain_logits(monkeypatch):
     """Static steps with the decoder layer's projections grouped (q/k/v and gate/up one launch each, o and down
     alone), of one sequence eager and compiled and of two eager, give the logits of the plain projections; eager,
-    every group launched once per step (counted); with `GROUPED_ROWS` 1, none at batch 2 (more rows are cuBLAS's)."""
+    every group launched once per step (counted); with `GROUPED_ROWS` 1, none at batch 2 (more rows are cuBLAS's),
+    with 2, every group again."""
     from elastic_attention.integration import decode_projections
 
     launches = []
@@ -334,14 +335,14 @@ def test_grouped_projections_give_the_plain_logits(monkeypatch):
     compiled_grouped, _ = _compiled_static_steps(1, compile_layers=True, group_projections=True, batch=1)
     assert float((compiled_grouped - plain).abs().max()) < 1e-5
     launches.clear()
+    monkeypatch.setattr(decode_projections, "GROUPED_ROWS", 1)
+    _compiled_static_steps(1, compile_layers=False, group_projections=True, batch=2)
+    assert launches == []
+    monkeypatch.setattr(decode_projections, "GROUPED_ROWS", 2)
     plain_pair, _ = _compiled_static_steps(1, compile_layers=False, batch=2)
     grouped_pair, _ = _compiled_static_steps(1, compile_layers=False, group_projections=True, batch=2)
     assert float((grouped_pair - plain_pair).abs().max()) < 1e-5
     assert launches == [3, 1, 2, 1] * 4
-    launches.clear()
-    monkeypatch.setattr(decode_projections, "GROUPED_ROWS", 1)
-    _compiled_static_steps(1, compile_layers=False, group_projections=True, batch=2)
-    assert launches == []
 
 
 @pytest.mark.parametrize("inputs, cols, rows, bias, block_rows, block_cols", [

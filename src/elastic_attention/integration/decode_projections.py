@@ -27,8 +27,10 @@ SHARED_INPUT_PROJECTIONS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.
                             ("mlp.gate_proj", "mlp.up_proj"))
 
 
-#: The most rows of input (a decode step's batch) whose projections run grouped; more go to cuBLAS.
-GROUPED_ROWS = MAX_INPUT_ROWS
+#: The most rows of input (a decode step's batch) whose projections run grouped; more go to cuBLAS. One until the
+#: several-row kernel (`grouped_gemv.grouped_rows_kernel`, tested under Triton's interpreter) is timed against cuBLAS
+#: on a GPU (`scripts/gemv_sweep.py --rows 8`); set it to `grouped_gemv.MAX_INPUT_ROWS` to group up to 16 rows.
+GROUPED_ROWS = 1
 
 
 class ProjectionGroup:
