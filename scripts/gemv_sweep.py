@@ -37,7 +37,7 @@ CANDIDATES = [GemvOptions(rows, cols, warps, stages) for rows, cols, warps, stag
 
 #: Candidates for several rows (the tensor-core kernel: tiles of at least 16).
 FEW_ROWS_CANDIDATES = [GemvOptions(rows, cols, warps, stages) for rows, cols, warps, stages in
-                       itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4))]
+                       itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3,))]
 
 
 def name_of(options: GemvOptions) -> str:
