@@ -30,7 +30,7 @@ SHARED_INPUT_PROJECTIONS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.
 #: The most rows of input (a decode step's batch) whose projections run grouped; more go to cuBLAS. One until the
 #: several-row kernel (`grouped_gemv.grouped_rows_kernel`, tested under Triton's interpreter) is timed against cuBLAS
 #: on a GPU (`scripts/gemv_sweep.py --rows 8`); set it to `grouped_gemv.MAX_INPUT_ROWS` to group up to 16 rows.
-GROUPED_ROWS = 1
+GROUPED_ROWS = 8
 
 
 class ProjectionGroup:
@@ -48,7 +48,8 @@ class ProjectionGroup:
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             weight = linear.weight
-            if (x.numel() > GROUPED_ROWS * x.shape[-1] or x.dtype != weight.dtype
+            inputs = x.numel() // x.shape[-1]
+            if (inputs > GROUPED_ROWS or (inputs > 1 and len(self.linears) == 1) or x.dtype != weight.dtype
                     or not grouped_gemv_available(x.device, x.dtype)):
                 return F.linear(x, weight, linear.bias)
             if self._input is not x:

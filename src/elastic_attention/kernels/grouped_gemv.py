@@ -55,7 +55,7 @@ class GemvOptions:
 DEFAULT_OPTIONS = GemvOptions()
 
 #: The options `grouped_linear` uses for 2 to `MAX_INPUT_ROWS` rows of input unless given others.
-FEW_ROWS_OPTIONS = GemvOptions(block_rows=16, block_cols=256, num_warps=4, num_stages=3)
+FEW_ROWS_OPTIONS = GemvOptions(block_rows=32, block_cols=256, num_warps=4, num_stages=3)
 
 
 def grouped_gemv_available(device: torch.device, dtype: torch.dtype) -> bool:
