@@ -9,8 +9,8 @@ sequence, host work included) of each kind:
 - ``bounded``: elastic attention attached (``compile_decode=True, grouped_projections=True``), routing forced to
   ``--msr`` (FA-SSA), the `ElasticCache`; its steps replay a captured graph (`integration.decode_graph`) whose
   decoder layers went through torch.compile (the cache update and attention outside the compiled graphs) and, up
-  to `decode_projections.GROUPED_ROWS` sequences, ran their linear projections as grouped Triton launches (`integration.decode_projections`), the first
-  step's capture (and compile) left out of the timing;
+  to `decode_projections.GROUPED_ROWS` sequences, ran their linear projections as grouped Triton launches
+  (`integration.decode_projections`), the first step's capture (and compile) left out of the timing;
 - ``bounded_cublas_projections`` (at those batch sizes): the same with the projections left to cuBLAS;
 - ``bounded_graph_uncompiled``: the same as ``bounded``, nothing compiled;
 - ``bounded_eager``: the same cache with its steps run eagerly (``cuda_graphs=False``, the fused kernels);
@@ -443,7 +443,8 @@ def run(args) -> dict:
                                   "captured as a CUDA graph (decoder layers through torch.compile, the grouped "
                                   "projections of the bounded kind), attention by the fused split-K GQA "
                                   "decode kernel",
-            "dense_static_graph_cublas_projections": "the same with cuBLAS projections (at the grouped projections' batch sizes)",
+            "dense_static_graph_cublas_projections": "the same with cuBLAS projections (at the grouped projections' "
+                                                     "batch sizes)",
         },
         "results": rows,
         "request": None,

@@ -180,11 +180,12 @@ def own_loop_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
 
     - ``elastic`` False (CUDA only): the model without elastic attention; its cache copied into transformers'
       `StaticCache`; each step replayed as a captured CUDA graph (decoder layers compiled, projections grouped as
-      the elastic model's are: `integration.decode_projections`) whose attention is the fused split-K decode kernel over each sequence's unpadded entries
-      (`decode_graphs.StaticCacheDecodeAttention`): the fastest dense decode this project knows; the model's
-      attention implementation is put back on exit. With ``kept_steps`` (a dict the caller keeps between calls),
-      a later call of the same batch and capacity refills the earlier call's static cache and replays its captured
-      step, as an elastic model's later caches replay its kept steps (`integration.decode_graph`);
+      the elastic model's are: `integration.decode_projections`) whose attention is the fused split-K decode kernel
+      over each sequence's unpadded entries (`decode_graphs.StaticCacheDecodeAttention`): the fastest dense decode
+      this project knows; the model's attention implementation is put back on exit. With ``kept_steps`` (a dict the
+      caller keeps between calls), a later call of the same batch and capacity refills the earlier call's static
+      cache and replays its captured step, as an elastic model's later caches replay its kept steps
+      (`integration.decode_graph`);
     - ``elastic`` True: the model as attached, over the cache its prefill gets (`attach`'s ``cache``: an
       `ElasticCache` by default, whose steps are captured as `attach` set them).
     """

@@ -366,10 +366,11 @@ class ElasticCacheLayer(CacheLayerMixin):
         """The address table of this layer's (sequence, KV head) segments, lengths as they are before the step."""
         columns: list[list[int]] = [[], [], [], []]  # key, value and position addresses, lengths
         num_kv = 0
-        for store in self.sequences:
+        head_lists = self._head_lists()
+        for store, (full_heads, ring_heads) in zip(self.sequences, head_lists):
             where = {}  # KV head -> (its store, its index there)
-            for kind, heads in (("full", store.full_heads), ("ring", store.ring_heads)):
-                for index, head in enumerate(heads.tolist()):
+            for kind, heads in (("full", full_heads), ("ring", ring_heads)):
+                for index, head in enumerate(heads):
                     where[head] = (kind, index)
             num_kv = len(where)
             for head in range(num_kv):
@@ -382,6 +383,19 @@ class ElasticCacheLayer(CacheLayerMixin):
                 columns[2].append(store.ring_positions.data_ptr() if kind == "ring" else 0)
                 columns[3].append(store.length)
         return DecodeSegments.from_columns(*columns, num_kv_heads=num_kv, device=self.device)
+
+    def _head_lists(self) -> list[tuple[list[int], list[int]]]:
+        """Per sequence, its full and its streaming KV heads as host lists, fetched from the device in one copy: one
+        wait for the GPU a layer rather than one per sequence and kind (two per sequence a layer: 448 at batch 8 on
+        a 28-layer model)."""
+        stores = self.sequences
+        counts = [(store.full_heads.numel(), store.ring_heads.numel()) for store in stores]
+        heads = torch.cat([t for store in stores for t in (store.full_heads, store.ring_heads)]).tolist()
+        lists, start = [], 0
+        for full, ring in counts:
+            lists.append((heads[start : start + full], heads[start + full : start + full + ring]))
+            start += full + ring
+        return lists
 
     def _write_pending(self) -> None:
         keys, values = self._pending

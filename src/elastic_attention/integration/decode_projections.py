@@ -3,10 +3,10 @@
 `projection_groups` finds every ``nn.Linear`` of the decoder layers and groups those that read the same input by
 their names (q, k and v; gate and up: the Llama family's, which every supported family but gpt-oss's experts
 shares); any other projection (o, down) is a group of one. Inside `grouped_projections` each projection's
-``forward`` is its group's: the first member called with 1 to `GROUPED_ROWS` rows of input computes the whole group
-in one launch and keeps the outputs; a member then called with that same input tensor returns its part. Any other
-call (more rows, another input, a dtype or device the kernel does not take) runs ``torch.nn.functional.linear`` as
-before.
+``forward`` is its group's: the first member called with 1 to `GROUPED_ROWS` rows of input (one row for a group of
+one) computes the whole group in one launch and keeps the outputs; a member then called with that same input tensor
+returns its part. Any other call (more rows, another input, a dtype or device the kernel does not take) runs
+``torch.nn.functional.linear`` as before.
 Forward hooks (the router's key hook on k_proj) run as usual: only ``forward`` changes, and only inside the block.
 """
 
@@ -27,15 +27,17 @@ SHARED_INPUT_PROJECTIONS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.
                             ("mlp.gate_proj", "mlp.up_proj"))
 
 
-#: The most rows of input (a decode step's batch) whose projections run grouped; more go to cuBLAS. One until the
-#: several-row kernel (`grouped_gemv.grouped_rows_kernel`, tested under Triton's interpreter) is timed against cuBLAS
-#: on a GPU (`scripts/gemv_sweep.py --rows 8`); set it to `grouped_gemv.MAX_INPUT_ROWS` to group up to 16 rows.
+#: The most rows of input (a decode step's batch) whose projections run grouped; more go to cuBLAS. At 2 or more rows
+#: only groups of several projections run grouped: on an H100 at 8 rows of Qwen2.5-1.5B's shape the several-row kernel
+#: took 5.5 us for q, k and v against cuBLAS's 14.4 and 23.2 us for gate and up against 24.9, but 5.1 us for o
+#: against 4.6 and 21.1 us for down against 14.6 (cuBLAS splits its long reduction)
+#: (benchmarks/results/gemv_sweep_qwen1.5b_rows8_h100_2026-12-06.json). Measured at 8 rows only, so 8 is the limit.
 GROUPED_ROWS = 8
 
 
 class ProjectionGroup:
     """Linear layers that read one input (1 to `MAX_WEIGHTS`, same input size, dtype and device, all with a bias or
-    none), computed together for 1 to `GROUPED_ROWS` rows of input."""
+    none), computed together for 1 to `GROUPED_ROWS` rows of input (a group of one: for one row)."""
 
     def __init__(self, linears: list[nn.Linear]) -> None:
         self.linears = linears
