@@ -85,7 +85,9 @@ def attach(
             projections as grouped Triton launches (`integration.decode_projections`: q, k and v in one, gate and
             up in one, no split reductions; alone, 0.80 of the time cuBLAS takes on a Llama-3.1-8B layer on an
             H200, benchmarks/results/gemv_sweep.json; a whole 8B step at 128K with ``compile_decode``, 5.93 ms
-            against 6.85 ms, benchmarks/results/decode_graphs.json); False leaves them to torch (cuBLAS).
+            against 6.85 ms, benchmarks/results/decode_graphs.json), and a step of 2 to
+            `decode_projections.GROUPED_ROWS` sequences its q/k/v and gate/up groups; False leaves them to torch
+            (cuBLAS).
         compile_prefill: every no-grad eval-mode forward that is not a captured decode step (a prefill, an eager
             step) runs each decoder layer through ``torch.compile`` (`decode_graph.compiled`; the key hook, the cache
             update and the attention stay outside the compiled graphs), which fuses the layer's elementwise work

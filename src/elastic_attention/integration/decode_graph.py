@@ -22,10 +22,11 @@ segments no longer than the captured key splits cover) copies its tables into th
 second `generate` call then pays no capture. A cache whose step is taken so leaves static mode first.
 
 Turn graphs off with ``attach(model, config, cuda_graphs=False)`` or ``ElasticCache(model, cuda_graphs=False)``.
-Unless ``attach(..., grouped_projections=False)``, the captured step of one sequence runs the decoder layers' linear
-projections as grouped Triton launches (`decode_projections`); once compiling pays (`CompilePolicy`: ``attach``'s
-``compile_decode``, ``"auto"`` by default) every decoder layer also runs through ``torch.compile`` (`compiled`), which
-fuses the elementwise work around the projections (`decode_layers` sets up both).
+Unless ``attach(..., grouped_projections=False)``, the captured step of a small batch runs the decoder layers' linear
+projections as grouped Triton launches (`decode_projections`: every group for one sequence, q/k/v and gate/up for
+up to `GROUPED_ROWS`); once compiling pays (`CompilePolicy`: ``attach``'s ``compile_decode``, ``"auto"`` by default)
+every decoder layer also runs through ``torch.compile`` (`compiled`), which fuses the elementwise work around the
+projections (`decode_layers` sets up both).
 """
 
 from __future__ import annotations
