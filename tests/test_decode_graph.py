@@ -109,6 +109,45 @@ def test_grouped_projections_fall_back_to_torch_where_the_kernel_cannot_run_and_
     assert all("forward" not in module.__dict__ for module in model.modules() if isinstance(module, torch.nn.Linear))
 
 
+def test_a_decoder_layer_with_grouped_projections_traces_as_one_graph_between_its_disabled_calls(monkeypatch):
+    """Where the kernel runs, a projection's forward looks nothing up that Dynamo might not trace (the kernel's
+    availability is decided when the groups are made: torch 2.11's Dynamo broke the graph at
+    ``importlib.util.find_spec``, so a compiled layer launched the MLP's silu, mul and residual add as three kernels,
+    decode_graph_profile_1.5b_real_16k_b8_h100_2026-12-06_0455.log). A Qwen2 decoder layer's MLP, with its gate and up
+    projections grouped at batch 8 (the kernel stood in for by torch), traces as one graph with no break, and gives
+    the plain MLP's output."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    from elastic_attention.integration import decode_projections
+    from elastic_attention.kernels.grouped_gemv import grouped_linear_reference
+
+    layer = torch.nn.Module()
+    layer.mlp = Qwen2MLP(tiny_model("qwen2").config).eval()
+    launches = []
+
+    def stand_in(x, weights, biases):
+        launches.append(len(weights))
+        return grouped_linear_reference(x, weights, biases)
+
+    def never(device, dtype):
+        raise AssertionError("a projection's forward asked for the kernel's availability")
+
+    monkeypatch.setattr(decode_projections, "grouped_linear_op", stand_in)
+    monkeypatch.setattr(decode_projections, "grouped_gemv_available", lambda device, dtype: True)
+    x = torch.randn(decode_projections.GROUPED_ROWS, 1, layer.mlp.hidden_size,
+                    generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = layer.mlp(x)
+        with decode_projections.grouped_projections([layer]):
+            monkeypatch.setattr(decode_projections, "grouped_gemv_available", never)
+            actual = layer.mlp(x.clone())
+            assert launches == [2]  # gate and up together; down alone, by torch
+            torch._dynamo.reset()
+            explanation = torch._dynamo.explain(layer.mlp)(x)
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    assert float((actual - expected).abs().max()) < 1e-6
+
+
 def test_auto_compile_waits_per_batch_size_until_the_uncompiled_steps_cost_a_compile():
     """The rule, step by step: each batch size compiles once its own uncompiled steps reach the threshold (compile
     seconds over seconds saved a step); True and False never change."""

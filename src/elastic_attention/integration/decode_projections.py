@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from elastic_attention.integration.module_forwards import replaced_forwards
-from elastic_attention.kernels.grouped_gemv import (MAX_INPUT_ROWS, MAX_WEIGHTS, grouped_gemv_available,
-                                                    grouped_linear_op)
+from elastic_attention.kernels.grouped_gemv import MAX_WEIGHTS, grouped_gemv_available, grouped_linear_op
 
 #: Projections of one decoder layer that read the same input, by their paths under the layer.
 SHARED_INPUT_PROJECTIONS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -41,6 +40,11 @@ class ProjectionGroup:
 
     def __init__(self, linears: list[nn.Linear]) -> None:
         self.linears = linears
+        weight = linears[0].weight
+        # Decided here, not in `forward`: a compiled layer traces `forward`, and Dynamo before pytorch/pytorch#179629
+        # (torch 2.11 among them; pytorch/ao#4279) breaks the graph at `importlib.util.find_spec`, which split each
+        # layer's fused elementwise kernels apart (silu, mul and the residual add ran as three).
+        self.kernel_available = grouped_gemv_available(weight.device, weight.dtype)
         self._input: torch.Tensor | None = None
         self._outputs: list[torch.Tensor] = []
 
@@ -51,8 +55,8 @@ class ProjectionGroup:
         def forward(x: torch.Tensor) -> torch.Tensor:
             weight = linear.weight
             inputs = x.numel() // x.shape[-1]
-            if (inputs > GROUPED_ROWS or (inputs > 1 and len(self.linears) == 1) or x.dtype != weight.dtype
-                    or not grouped_gemv_available(x.device, x.dtype)):
+            if (inputs > GROUPED_ROWS or (inputs > 1 and len(self.linears) == 1) or not self.kernel_available
+                    or x.dtype != weight.dtype or x.device != weight.device):
                 return F.linear(x, weight, linear.bias)
             if self._input is not x:
                 biases = [member.bias for member in self.linears] if linear.bias is not None else []
