@@ -109,7 +109,7 @@ def test_grouped_projections_fall_back_to_torch_where_the_kernel_cannot_run_and_
     assert all("forward" not in module.__dict__ for module in model.modules() if isinstance(module, torch.nn.Linear))
 
 
-def test_a_decoder_layer_with_grouped_projections_traces_as_one_graph_between_its_disabled_calls(monkeypatch):
+def test_an_mlp_with_grouped_projections_traces_as_one_graph_and_its_forward_never_asks_for_the_kernel(monkeypatch):
     """Where the kernel runs, a projection's forward looks nothing up that Dynamo might not trace (the kernel's
     availability is decided when the groups are made: torch 2.11's Dynamo broke the graph at
     ``importlib.util.find_spec``, so a compiled layer launched the MLP's silu, mul and residual add as three kernels,
