@@ -49,7 +49,7 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     for row in rows:
         assert set(request.ROW_FIELDS) <= set(row) and row["length"] == 600
-        assert row["first_call_s"] > 0
+        assert row["first_call_s"] > 0 and row["timed_calls"] == 3 and row["tokens_same_in_every_call"] is True
         if row["mode"] == "dense":
             assert row["baseline"] == "sdpa" and row["msr"] == 0.0 and row["tokens_equal_reference"] is None
             assert row["leading_tokens_equal"] == [5] * row["batch"]  # against itself: the first dense setup
@@ -94,6 +94,36 @@ def test_token_clock_splits_the_decode_time_into_its_first_step_and_the_median_l
     timings = clock.timings(batch=1)
     assert timings["first_step_s"] == pytest.approx(0.4)
     assert timings["median_step_s"] is None and timings["steady_decode_tokens_per_s"] is None
+
+
+def test_warm_then_timed_reports_each_timing_as_its_median_over_the_timed_calls():
+    """Oracle: scripted calls (a warm one, then three timed ones with timings set by hand); each field's median and
+    the largest peak picked by hand."""
+    from elastic_attention.bench.timing import TIMING_FIELDS, warm_then_timed
+    from elastic_attention.errors import InputError
+
+    tokens = torch.tensor([[5, 6]])
+    scripted = [  # ttft_s, decode_s, first_step_s, peak_memory_bytes, tokens
+        (9.0, 5.0, 4.0, 70, tokens),  # the warm call: only its time to the last token counts
+        (0.30, 0.20, 0.011, 10, tokens), (0.10, 0.40, 0.013, 30, tokens), (0.20, 0.30, 0.012, 20, tokens + 1)]
+    calls = iter(scripted)
+
+    def generate(model, ids, mask, new_tokens, pad_id):
+        ttft, decode, first_step, peak, generated = next(calls)
+        return {"ttft_s": ttft, "decode_s": decode, "decode_tokens_per_s": 2 / decode, "first_step_s": first_step,
+                "median_step_s": decode / 10, "steady_decode_tokens_per_s": 10 / decode,
+                "peak_memory_bytes": peak, "kv_cache_bytes": 7, "tokens": generated}
+
+    measured = warm_then_timed(None, None, None, 2, 0, generate=generate, timed_calls=3)
+    assert measured["ttft_s"] == 0.20 and measured["decode_s"] == 0.30 and measured["first_step_s"] == 0.012
+    assert measured["decode_tokens_per_s"] == pytest.approx(2 / 0.30)  # the median call's rate, not a mean
+    assert measured["median_step_s"] == pytest.approx(0.03)
+    assert measured["steady_decode_tokens_per_s"] == pytest.approx(10 / 0.30)
+    assert set(TIMING_FIELDS) <= set(measured) and measured["peak_memory_bytes"] == 30
+    assert measured["first_call_s"] == 14.0 and measured["timed_calls"] == 3 and measured["kv_cache_bytes"] == 7
+    assert torch.equal(measured["tokens"], tokens + 1) and measured["tokens_same_in_every_call"] is False
+    with pytest.raises(InputError, match="timed_calls must be at least 1"):
+        warm_then_timed(None, None, None, 2, 0, generate=generate, timed_calls=0)
 
 
 def request_row(kind, length, batch, mode, ttft, decode, setup, kv=1.0, equal=True):

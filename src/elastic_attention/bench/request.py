@@ -7,10 +7,11 @@ loop) of ``--new-tokens`` tokens (end of sequence suppressed, so every call make
 stamping each token (synchronized): ``ttft_s`` is the first stamp (routing, prefill and the first token),
 ``decode_tokens_per_s`` is batch x (new tokens - 1) over the time from the first stamp to the last, of which
 ``first_step_s`` is the first decode step (with what it sets up for the rest: static storage, a captured graph) and
-``steady_decode_tokens_per_s`` batch over the median later step. Each setup runs twice on the same prompts; the
-second call is timed (the first compiles and captures what it needs; its time to its last token is ``first_call_s``;
-the second replays the first's captured step, elastic and ``static_cache_graph`` alike, as a process serving
-requests of one shape would).
+``steady_decode_tokens_per_s`` batch over the median later step. Each setup runs once to warm up on the same prompts,
+then ``--timed-calls`` times (default 3), and each timing is its median over those calls (`warm_then_timed`; the
+first call compiles and captures what it needs, and its time to its last token is ``first_call_s``; the timed ones
+replay the first's captured step, elastic and ``static_cache_graph`` alike, as a process serving requests of one
+shape would).
 
 - ``elastic``: the model with its router attached as `load_router` attaches it (backend ``auto``, the bounded cache,
   captured decode steps), once per ``--compile-decode`` setting (``off``: the captured steps run the layers as they
@@ -309,7 +310,8 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
             kept_steps = {}  # the first call's captured dense step, replayed by the timed call
             generate = {CAPTURED_SETUP: functools.partial(own_loop_generate, kept_steps=kept_steps),
                         COMPILED_LAYERS_SETUP: compiled_layers_generate}.get(name, timed_generate)
-            measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, generate=generate, **kwargs)
+            measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, generate=generate,
+                                       timed_calls=args.timed_calls, **kwargs)
         finally:
             kept_steps.clear()
             model.set_attn_implementation("sdpa")
@@ -332,7 +334,8 @@ def run_cell(model, pad_id: int, router: str, ids, mask, args, kind: str, length
         try:
             runtime = runtime_of(model)
             generate = functools.partial(own_loop_generate, elastic=True) if loop == "own" else timed_generate
-            measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, generate=generate)
+            measured = warm_then_timed(model, ids, mask, args.new_tokens, pad_id, generate=generate,
+                                       timed_calls=args.timed_calls)
             report = ea.routing_report(model)
             lengths = [int(n) + args.new_tokens - 1 for n in mask.sum(1).tolist()]
             element = next(model.parameters()).element_size()
@@ -480,6 +483,8 @@ def parse_args(argv=None):
     parser.add_argument("--reference-rows", type=int, default=None, metavar="N",
                         help="check the elastic tokens against the reference path on the first N sequences of each "
                              "batch (default: all; the reference path is slow at long prompts)")
+    parser.add_argument("--timed-calls", type=int, default=3, metavar="N",
+                        help="timed calls of each setup after its warm-up call; each timing is their median")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"])
     parser.add_argument("--out", type=Path, required=True)
@@ -491,6 +496,8 @@ def parse_args(argv=None):
         parser.error(f"--dense-setups takes names among {','.join(DENSE_SETUPS)}, got {','.join(args.dense_setups)}")
     if args.reference_rows is not None and args.reference_rows < 1:
         parser.error(f"--reference-rows must be at least 1, got {args.reference_rows}")
+    if args.timed_calls < 1:
+        parser.error(f"--timed-calls must be at least 1, got {args.timed_calls}")
     if args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2 (a first token and a decode step)")
     args.compile_prefill = args.compile_prefill == "on"

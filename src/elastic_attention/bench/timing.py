@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from elastic_attention.cli import parse_length
+from elastic_attention.errors import InputError
 from elastic_attention.io import atomic_write_text
 
 
@@ -186,11 +187,33 @@ def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
     }
 
 
+#: The fields of `TokenClock.timings`: `warm_then_timed` reports each as its median over the timed calls.
+TIMING_FIELDS = ("ttft_s", "decode_s", "decode_tokens_per_s", "first_step_s", "median_step_s",
+                 "steady_decode_tokens_per_s")
+
+
 def warm_then_timed(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, pad_id: int,
-                    generate=timed_generate, **generate_kwargs) -> dict:
-    """The second of two identical ``generate`` calls (`timed_generate`, or a function of its arguments and
-    results), with the first's time from its start to its last token as ``first_call_s`` (the first compiles and
-    captures what the setup needs)."""
+                    generate=timed_generate, timed_calls: int = 1, **generate_kwargs) -> dict:
+    """A first ``generate`` call (`timed_generate`, or a function of its arguments and results), which compiles and
+    captures what the setup needs, then ``timed_calls`` identical ones.
+
+    Returns:
+        The last call's result, with each of `TIMING_FIELDS` the median over the timed calls (each field on its
+        own) and ``peak_memory_bytes`` their largest; ``timed_calls``; ``tokens_same_in_every_call`` (whether every
+        timed call generated the last one's tokens); ``first_call_s``, the first call's time from its start to its
+        last token.
+    """
+    if timed_calls < 1:
+        raise InputError(f"timed_calls must be at least 1, got {timed_calls}")
     first = generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
-    measured = generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs)
-    return {**measured, "first_call_s": first["ttft_s"] + first["decode_s"]}
+    calls = [generate(model, ids, mask, new_tokens, pad_id, **generate_kwargs) for _ in range(timed_calls)]
+    measured = dict(calls[-1])
+    for field in TIMING_FIELDS:
+        values = [call[field] for call in calls]
+        if None not in values:
+            measured[field] = statistics.median(values)
+    if None not in (peaks := [call["peak_memory_bytes"] for call in calls]):
+        measured["peak_memory_bytes"] = max(peaks)
+    return {**measured, "timed_calls": timed_calls,
+            "tokens_same_in_every_call": all(torch.equal(call["tokens"], measured["tokens"]) for call in calls),
+            "first_call_s": first["ttft_s"] + first["decode_s"]}
