@@ -81,11 +81,12 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
 
 def test_token_clock_splits_the_decode_time_into_its_first_step_and_the_median_later_one():
     """Oracle: stamps set by hand (seconds since the start)."""
-    from elastic_attention.bench.timing import TokenClock
+    from elastic_attention.bench.timing import TIMING_FIELDS, TokenClock
 
     clock = TokenClock(torch.device("cpu"))
     clock.stamps = [0.5, 0.9, 0.91, 0.93, 0.94]  # first token, a 0.4 s first step, then steps of 10, 20, 10 ms
     timings = clock.timings(batch=4)
+    assert tuple(timings) == TIMING_FIELDS  # warm_then_timed takes the median of each
     assert timings["ttft_s"] == 0.5 and timings["decode_s"] == pytest.approx(0.44)
     assert timings["decode_tokens_per_s"] == pytest.approx(4 * 4 / 0.44)
     assert timings["first_step_s"] == pytest.approx(0.4) and timings["median_step_s"] == pytest.approx(0.01)
