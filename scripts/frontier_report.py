@@ -10,6 +10,9 @@ set's points ``heads@MSR`` and the retrieval-score static hybrid's ``static@MSR`
 - with ``--by-kind heads@0.5,sparse``, what routing by task kind alone would give (each sensitive task on the first
   mode, each robust one on the second: the best a router choosing between the two could do), against the searched
   set at the same MSR;
+- with ``--by-task heads@0.1,...,sparse``, the sparsest choice per task among those modes that keeps every task at
+  issue 40's retention bars (sensitive >= 97% of full attention, robust >= 99%; full attention where no mode does):
+  the most average MSR a router choosing per task among them could buy at the bars, against the searched set there;
 - with ``--plot``, the Pareto plot (mean retention against average MSR; the curves, the by-kind point and each
   router run's point, against the run's own full-attention cells where its file has them).
 
@@ -28,8 +31,9 @@ from pathlib import Path
 
 
 def frontier_tables(rows: list[dict], lengths: Sequence[int]) -> str:
-    """One markdown table per length: full, all-SSA and every frontier point, retention per task and mean."""
-    from elastic_attention.evaluation.frontier import CURVES, curve, point
+    """One markdown table per length: full, all-SSA and every frontier point, retention per task and mean. A point
+    measured on some tasks only shows those, and no mean."""
+    from elastic_attention.evaluation.frontier import CURVES, point
 
     tasks = list(dict.fromkeys(row["task"] for row in rows))
     kinds = {row["task"]: row.get("kind", "?") for row in rows}
@@ -39,11 +43,19 @@ def frontier_tables(rows: list[dict], lengths: Sequence[int]) -> str:
                   + " |")
         lines = [f"### {length // 1024}K" if length % 1024 == 0 else f"### {length} tokens", "", header,
                  "|" + "---|" * (3 + len(tasks))]
-        points = [point(rows, mode, length) for mode in ("full", "sparse")]
-        points += [p for prefix in CURVES for p in curve(rows, prefix, length)]
-        for found in filter(None, points):
-            shown = [f"{found.tasks[task]:.0%}" if not math.isnan(found.tasks[task]) else "-" for task in tasks]
-            lines.append(f"| {found.mode} | {found.msr:.3f} | {found.retention:.1%} | " + " | ".join(shown) + " |")
+        measured = {}  # mode -> the tasks with its cell and full attention's at this length
+        full = {row["task"] for row in rows if row["mode"] == "full" and row["length"] == length}
+        for row in rows:
+            if row["length"] == length and row["task"] in full and (
+                    row["mode"] in ("full", "sparse") or row["mode"].startswith(tuple(CURVES))):
+                measured.setdefault(row["mode"], set()).add(row["task"])
+        points = [point(rows, mode, length, sorted(on)) for mode, on in measured.items()]
+        points.sort(key=lambda p: (p.mode not in ("full", "sparse"), p.mode.split("@")[0], p.msr))
+        for found in points:
+            shown = [f"{found.tasks[task]:.0%}" if not math.isnan(found.tasks.get(task, math.nan)) else "-"
+                     for task in tasks]
+            mean = f"{found.retention:.1%}" if len(found.tasks) == len(full) else "-"
+            lines.append(f"| {found.mode} | {found.msr:.3f} | {mean} | " + " | ".join(shown) + " |")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
@@ -55,7 +67,7 @@ def sensitive_target(rows: list[dict], length: int, share: float, tasks: Sequenc
     from elastic_attention.evaluation.frontier import curve, highest_msr_keeping, points_missing
 
     tasks = sorted(tasks or {row["task"] for row in rows if row.get("kind") == "sensitive"})
-    points = curve(rows, "heads@", length)
+    points = curve(rows, "heads@", length, tasks)
     if not points:
         return f"sensitive target: no heads@MSR points at {length} tokens"
     reached = highest_msr_keeping(points, tasks, share)
@@ -75,10 +87,34 @@ def sensitive_target(rows: list[dict], length: int, share: float, tasks: Sequenc
     return line
 
 
+#: Issue 40's retention bars: the share of full attention every task of a kind must keep.
+BAR_SHARES = {"sensitive": 0.97, "robust": 0.99}
+
+
+def searched_set_at(rows: list[dict], length: int, msr: float) -> float | None:
+    """The joint searched set's mean retention at ``msr``: linear between the two nearest points of its path, whose
+    ends are full attention (MSR 0) and all-SSA (``sparse``, MSR 1); None outside the measured points."""
+    from elastic_attention.evaluation.frontier import curve, point
+
+    ends = [point(rows, "full", length), point(rows, "sparse", length)]
+    points = sorted([*curve(rows, "heads@", length), *(p for p in ends if p is not None)], key=lambda p: p.msr)
+    around = [(a, b) for a, b in zip(points, points[1:]) if a.msr <= msr <= b.msr]
+    if not around:
+        return None
+    a, b = around[0]
+    return a.retention + (b.retention - a.retention) * (msr - a.msr) / (b.msr - a.msr or 1.0)
+
+
+def _against_searched_set(rows: list[dict], length: int, found) -> str:
+    heads = searched_set_at(rows, length, found.msr)
+    if heads is None:
+        return ""
+    return f"; the searched set there keeps {heads:.1%} ({100 * (found.retention - heads):+.1f} points)"
+
+
 def by_kind_lines(rows: list[dict], lengths: Sequence[int], by_kind: tuple[str, str]) -> str:
-    """Per length, the point of routing by task kind alone and the searched set's retention at its MSR (linear
-    between the set's two nearest points)."""
-    from elastic_attention.evaluation.frontier import curve, routed_by_kind
+    """Per length, the point of routing by task kind alone and the searched set's retention at its MSR."""
+    from elastic_attention.evaluation.frontier import routed_by_kind
 
     lines = []
     for length in lengths:
@@ -86,15 +122,36 @@ def by_kind_lines(rows: list[dict], lengths: Sequence[int], by_kind: tuple[str, 
         if found is None:
             lines.append(f"by task kind ({by_kind[0]} / {by_kind[1]}) at {length} tokens: a cell is missing")
             continue
-        points = curve(rows, "heads@", length)
-        around = [(a, b) for a, b in zip(points, points[1:]) if a.msr <= found.msr <= b.msr]
-        against = ""
-        if around:
-            a, b = around[0]
-            heads = a.retention + (b.retention - a.retention) * (found.msr - a.msr) / (b.msr - a.msr or 1.0)
-            against = f"; the searched set there keeps {heads:.1%} ({100 * (found.retention - heads):+.1f} points)"
         lines.append(f"by task kind ({by_kind[0]} / {by_kind[1]}) at {length} tokens: MSR {found.msr:.3f}, "
-                     f"mean retention {found.retention:.1%}{against}")
+                     f"mean retention {found.retention:.1%}{_against_searched_set(rows, length, found)}")
+    return "\n".join(lines) + "\n"
+
+
+def by_task_lines(rows: list[dict], lengths: Sequence[int], modes: Sequence[str]) -> str:
+    """Per length, the sparsest choice per task among ``modes`` that keeps every task at its bar (`BAR_SHARES`;
+    `routed_by_task`): each task's mode, the average MSR, MSR(robust) - MSR(sensitive), the mean retention and the
+    searched set's at that MSR. The most MSR a router choosing among ``modes`` per task can buy while meeting the
+    retention bars on these rows."""
+    from elastic_attention.evaluation.frontier import routed_by_task
+
+    lines = []
+    for length in lengths:
+        found = routed_by_task(rows, modes, length, BAR_SHARES)
+        if found is None:
+            lines.append(f"by task, at the bars, at {length} tokens: a cell is missing")
+            continue
+        by_task, chosen = found
+        kinds = {row["task"]: row.get("kind") for row in rows if row["mode"] == "full" and row["length"] == length}
+        msrs = {row["task"]: row["msr"] for row in rows
+                if row["length"] == length and chosen.get(row["task"]) == row["mode"]}
+        mean = {kind: [msrs[task] for task in chosen if kinds[task] == kind] for kind in BAR_SHARES}
+        gap = (sum(mean["robust"]) / len(mean["robust"]) - sum(mean["sensitive"]) / len(mean["sensitive"])
+               if mean["robust"] and mean["sensitive"] else math.nan)
+        lines.append(f"by task, at the bars (sensitive >= {BAR_SHARES['sensitive']:.0%}, robust >= "
+                     f"{BAR_SHARES['robust']:.0%}), at {length} tokens: MSR {by_task.msr:.3f}, MSR(robust) - "
+                     f"MSR(sensitive) {gap:.3f}, mean retention {by_task.retention:.1%}"
+                     f"{_against_searched_set(rows, length, by_task)}; "
+                     + ", ".join(f"{task} {chosen[task]} ({by_task.tasks[task]:.0%})" for task in chosen))
     return "\n".join(lines) + "\n"
 
 
@@ -114,6 +171,9 @@ def main(argv: Sequence[str] | None = None) -> str:
     parser.add_argument("--by-kind", metavar="SENSITIVE_MODE,ROBUST_MODE",
                         help="also the point of routing by task kind alone, e.g. heads@0.5,sparse: each sensitive "
                              "task's cell of the first mode, each robust task's of the second")
+    parser.add_argument("--by-task", metavar="MODES",
+                        help="also the sparsest choice per task among these modes (comma list, e.g. "
+                             "heads@0.1,...,heads@0.8,sparse) that keeps every task at issue 40's bars")
     parser.add_argument("--plot", help="PNG file for the Pareto plot")
     parser.add_argument("--out", help="markdown file for the tables and the target")
     args = parser.parse_args(argv)
@@ -134,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> str:
         parser.error(f"--by-kind takes SENSITIVE_MODE,ROBUST_MODE, got {args.by_kind!r}")
     report = (frontier_tables(rows, lengths) + "\n\n"
               + sensitive_target(rows, args.target_length, args.share, target_tasks) + "\n"
-              + (by_kind_lines(rows, lengths, by_kind) if by_kind else ""))
+              + (by_kind_lines(rows, lengths, by_kind) if by_kind else "")
+              + (by_task_lines(rows, lengths, args.by_task.split(",")) if args.by_task else ""))
     if args.out:
         atomic_write_text(args.out, report)
     if args.plot:

@@ -9,7 +9,7 @@ import pytest
 from conftest import load_script
 
 from elastic_attention.evaluation.frontier import (curve, highest_msr_keeping, plot_pareto, point, routed_by_kind,
-                                                   with_full)
+                                                   routed_by_task, with_full)
 
 KINDS = {"needle": "sensitive", "chain": "sensitive", "recent": "robust"}
 FULL = {"needle": 1.0, "chain": 0.8, "recent": 0.5}
@@ -61,6 +61,42 @@ def test_routing_by_kind_takes_each_kinds_cells_from_its_mode():
     # the searched set at MSR 0.5 (between heads@0.5 at 102.9% and heads@0.75 at 83.3%): 102.9%
     assert report == ("by task kind (heads@0.25 / sparse) at 16384 tokens: MSR 0.500, mean retention 100.0%; the "
                       "searched set there keeps 102.9% (-2.9 points)\n")
+
+
+def test_routing_by_task_takes_each_tasks_sparsest_mode_that_keeps_its_share():
+    """Oracle, by hand (retention per mode: needle 100% up to heads@0.75, 0% on sparse; chain 100% / 98.75% / 50% /
+    0% on heads@0.25 / 0.5 / 0.75 / sparse; recent 100% / 110% / 100% / 100%)."""
+    modes = ["heads@0.25", "heads@0.5", "heads@0.75", "sparse"]
+    found, chosen = routed_by_task(rows(), modes, 16384, {"sensitive": 0.97, "robust": 0.99})
+    assert chosen == {"needle": "heads@0.75", "chain": "heads@0.5", "recent": "sparse"}
+    assert found.mode == "by task" and found.msr == pytest.approx((0.75 + 0.5 + 1.0) / 3)
+    assert found.retention == pytest.approx((1.0 + 0.79 / 0.8 + 1.0) / 3)
+    _, chosen = routed_by_task(rows(), modes, 16384, {"sensitive": 0.99, "robust": 0.99})
+    assert chosen["chain"] == "heads@0.25"
+    found, chosen = routed_by_task(rows(), modes, 16384, {"sensitive": 1.01, "robust": 1.05})
+    assert chosen == {"needle": "full", "chain": "full", "recent": "heads@0.5"}  # none keeps 101%: full attention
+    assert found.msr == pytest.approx(0.5 / 3) and found.retention == pytest.approx((1.0 + 1.0 + 1.1) / 3)
+    partial = [row for row in rows() if not (row["mode"] == "heads@0.75" and row["task"] == "needle")]
+    assert routed_by_task(partial, modes, 16384, {"sensitive": 0.97, "robust": 0.99})[1]["needle"] == "heads@0.5"
+    assert routed_by_task(rows(), modes, 8192, {"sensitive": 0.97, "robust": 0.99}) is None  # nothing at 8K
+    with pytest.raises(ValueError, match="task recent at 16384 tokens is of kind 'robust'"):
+        routed_by_task(rows(), modes, 16384, {"sensitive": 0.97})
+    report = load_script("frontier_report").by_task_lines(rows(), [16384], modes)
+    # the searched set at MSR 0.75: heads@0.75 keeps (1 + 0.5 + 1) / 3 = 83.3%; 99.58% - 83.33% prints as +16.2
+    assert report == ("by task, at the bars (sensitive >= 97%, robust >= 99%), at 16384 tokens: MSR 0.750, "
+                      "MSR(robust) - MSR(sensitive) 0.375, mean retention 99.6%; the searched set there keeps 83.3% "
+                      "(+16.2 points); needle heads@0.75 (100%), chain heads@0.5 (99%), recent sparse (100%)\n")
+
+
+def test_the_report_shows_a_point_measured_on_some_tasks_without_a_mean():
+    report = load_script("frontier_report")
+    sensitive_only = rows() + [{"mode": "heads@0.1", "task": task, "kind": "sensitive", "length": 16384,
+                                "accuracy": FULL[task] * 0.5, "msr": 0.1} for task in ("needle", "chain")]
+    table = report.frontier_tables(sensitive_only, [16384])
+    assert "| heads@0.1 | 0.100 | - | 50% | 50% | - |" in table
+    assert "| heads@0.25 | 0.250 | 100.0% | 100% | 100% | 100% |" in table
+    # the target reads the sensitive tasks' cells only: heads@0.1 is a point of it, and misses
+    assert "below it heads@0.1 keeps chain 50%, needle 50%" in report.sensitive_target(sensitive_only, 16384, 0.98)
 
 
 def test_the_target_is_the_highest_point_keeping_every_task():

@@ -75,6 +75,37 @@ def routed_by_kind(rows: Sequence[dict], sensitive_mode: str, robust_mode: str, 
     return point([*chosen, *(row for row in rows if row["mode"] == "full")], "by kind", length)
 
 
+def routed_by_task(rows: Sequence[dict], modes: Sequence[str], length: int,
+                   shares: dict[str, float]) -> tuple[Point, dict[str, str]] | None:
+    """The sparsest choice per task that keeps its kind's share of full attention: at ``length``, each task takes the
+    cell of the highest-MSR mode of ``modes`` measured on it whose retention is at least ``shares[kind]``, or full
+    attention's (retention 1, MSR 0) where none is. A router that picks one of ``modes`` per task and meets those
+    shares on every task has at most this point's MSR, on these rows. Returns (the point, mode ``by task``; task ->
+    the mode chosen), or None when no task has a full-attention cell at ``length``.
+
+    Raises:
+        ValueError: a task's kind is not in ``shares``.
+    """
+    full = full_accuracy(rows)
+    cells = {(row["mode"], row["task"]): row for row in rows if row["length"] == length}
+    tasks = [task for task, at in full if at == length]
+    if not tasks:
+        return None
+    chosen_rows, chosen = [], {}
+    for task in tasks:
+        kind = cells[("full", task)].get("kind")
+        if kind not in shares:
+            raise ValueError(f"task {task} at {length} tokens is of kind {kind!r}; shares are given for "
+                             f"{sorted(shares)}: give a share for every kind")
+        keeping = [cells[(mode, task)] for mode in modes if (mode, task) in cells and full[(task, length)]
+                   and cells[(mode, task)]["accuracy"] / full[(task, length)] >= shares[kind]]
+        best = max(keeping, key=lambda row: row["msr"], default=cells[("full", task)])
+        chosen[task] = best["mode"]
+        chosen_rows.append(dict(best, mode="by task"))
+    by_task = point([*chosen_rows, *(row for row in rows if row["mode"] == "full")], "by task", length)
+    return by_task, chosen
+
+
 def curve(rows: Sequence[dict], prefix: str, length: int, tasks: Sequence[str] | None = None) -> list[Point]:
     """The complete points of every ``PREFIX@MSR`` mode at ``length``, by rising MSR."""
     modes = dict.fromkeys(row["mode"] for row in rows if row["mode"].startswith(prefix))
