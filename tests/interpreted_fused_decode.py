@@ -109,7 +109,7 @@ def test_static_steps_equal_eager_steps_and_keep_the_slot_rule(monkeypatch):
     is left and entered again every 7 tokens (a tiny capacity), so the address table is rebuilt several times."""
     from elastic_attention.integration import decode_graph
 
-    monkeypatch.setattr(decode_graph, "static_capacity", lambda longest, max_length: longest + 7)
+    monkeypatch.setattr(decode_graph, "decode_capacity", lambda longest, max_length: longest + 7)
     ids, mask, continuation = _batch(steps=40)
     static, static_cache, _ = _teacher_forced(True, ids, mask, continuation)
     eager, eager_cache, _ = _teacher_forced(False, ids, mask, continuation)
@@ -200,11 +200,11 @@ def test_graphed_steps_need_no_gradients_and_plain_outputs():
 def test_static_storage_is_the_capacity_and_no_more():
     """Static mode preallocates full stores for the capacity (the longest sequence plus max(256, 1/32), a multiple of
     256) and rings at their sink + local slots; nothing else grows."""
-    from elastic_attention.integration.decode_graph import static_capacity
+    from elastic_attention.cache.stores import decode_capacity
 
     ids, mask, continuation = _batch(prompt=600, steps=2)
     _, cache, _ = _teacher_forced(True, ids, mask, continuation)
-    capacity = static_capacity(601, None)
+    capacity = decode_capacity(601, None)
     assert cache.static_capacity == capacity == 1024
     for layer in cache.layers:
         for store in layer.sequences:

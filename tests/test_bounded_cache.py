@@ -314,3 +314,75 @@ def test_head_split_lists_each_sequences_full_and_streaming_heads_in_order(seque
         assert (full.tolist(), ring.tolist()) == expected(streaming[order[n]].tolist())
     full, ring = cache.head_split(1, 0, kv_heads, torch.device("cpu"))
     assert (full.tolist(), ring.tolist()) == (list(range(kv_heads)), [])
+
+
+@pytest.mark.parametrize(("first", "count"), [(0, 1), (0, 5), (0, 37), (3, 2), (5, 19), (11, 1), (30, 1), (2, 61)])
+@pytest.mark.parametrize("with_heads", [False, True])
+def test_a_ring_keeps_what_writing_each_position_in_turn_keeps(first, count, with_heads):
+    """Oracle: each position p written in order into slot p (p < sink) or sink + (p - sink) % local, later ones
+    overwriting earlier ones. `write_ring` writes only the sink's and the last local positions, and with ``heads``
+    (a prefill's every KV head) picks the entries before the heads."""
+    from elastic_attention.cache.stores import SequenceStore, StreamingWindow, write_ring
+
+    sink, local, head_dim, num_kv = 4, 7, 3, 5
+    window = StreamingWindow(sink, local)
+    generator = torch.Generator().manual_seed(first * 100 + count)
+    heads = torch.tensor([4, 1, 2])
+    every_head = torch.randn(num_kv, count, head_dim, generator=generator)
+    every_value = torch.randn(num_kv, count, head_dim, generator=generator)
+    earlier = torch.randn(len(heads), min(first, sink + local), head_dim, generator=generator)
+
+    def store_after_first():  # a ring that already holds positions 0 .. first - 1 (its last local in the window)
+        held = [p for p in range(first) if p < sink or p >= first - local]
+        slots = [p if p < sink else sink + (p - sink) % local for p in held]
+        size = min(first, sink + local)
+        positions = torch.full((size,), -1, dtype=torch.long)
+        positions[slots] = torch.tensor(held, dtype=torch.long)
+        return SequenceStore(torch.tensor([0]), torch.zeros(1, 0, head_dim), torch.zeros(1, 0, head_dim), heads,
+                             earlier.clone(), -earlier.clone(), positions, length=first)
+
+    expected = store_after_first()  # grown to the ring's size at once: slots never written stay at position -1
+    grow = sink + local - expected.ring_keys.shape[1]
+    expected.ring_keys = torch.cat([expected.ring_keys, torch.zeros(len(heads), grow, head_dim)], dim=1)
+    expected.ring_values = torch.cat([expected.ring_values, torch.zeros(len(heads), grow, head_dim)], dim=1)
+    expected.ring_positions = torch.cat([expected.ring_positions, torch.full((grow,), -1)])
+    for offset in range(count):
+        position = first + offset
+        slot = position if position < sink else sink + (position - sink) % local
+        expected.ring_keys[:, slot] = every_head[heads, offset]
+        expected.ring_values[:, slot] = every_value[heads, offset]
+        expected.ring_positions[slot] = position
+
+    store = store_after_first()
+    if with_heads:
+        write_ring(store, every_head, every_value, first, window, heads=heads)
+    else:
+        write_ring(store, every_head[heads], every_value[heads], first, window)
+    size = store.ring_keys.shape[1]
+    assert torch.equal(store.ring_positions, expected.ring_positions[:size])
+    assert torch.equal(store.ring_keys, expected.ring_keys[:, :size])
+    assert torch.equal(store.ring_values, expected.ring_values[:, :size])
+    assert (expected.ring_positions[size:] == -1).all()  # no slot written beyond the storage
+
+
+def test_a_prefill_stores_full_heads_with_static_modes_room_only_where_static_steps_follow(monkeypatch):
+    """Where decode steps will be captured, a prefill's full stores get static mode's capacity at once, and entering
+    static mode copies none of them; elsewhere a prefill stores just the prompt."""
+    from elastic_attention.cache import bounded
+    from elastic_attention.cache.stores import decode_capacity
+
+    ids, mask = prompt(width=600)
+    for graphs in (True, False):
+        model = attached(cuda_graphs=graphs)
+        force_routing(model, torch.tensor([[True, False], [False, False]]))
+        monkeypatch.setattr(bounded.ElasticCache, "_static_capable", lambda self, device, dtype: True)
+        cache = ElasticCache(model)
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+        monkeypatch.undo()
+        stores = [store for layer in cache.layers for store in layer.sequences if store.full_heads.numel()]
+        assert stores and all(store.full_count == store.length for store in stores)
+        expected = [decode_capacity(600, None) if graphs else store.length for store in stores]  # 600 and 593
+        assert [store.full_keys.shape[1] for store in stores] == expected
+        for store in stores:  # the prompt's entries are where they were written: position order from 0
+            assert store.full_keys[:, store.full_count:].abs().sum() == 0

@@ -10,11 +10,11 @@ from conftest import tiny_model
 
 from elastic_attention import ElasticCache, ElasticConfig, attach, detach
 from elastic_attention.errors import ConfigError, InputError
+from elastic_attention.cache.stores import decode_capacity
 from elastic_attention.integration.decode_graph import (
     CompilePolicy,
     GraphedForward,
     compile_after_steps,
-    static_capacity,
 )
 from elastic_attention.integration.runtime import STATIC_STEP_KWARG
 
@@ -26,7 +26,7 @@ CONFIG = ElasticConfig(block_size=8, sink_tokens=8, local_tokens=16, xa_stride=4
     (30, 40, 40), (39, 40, 40),
 ])
 def test_static_capacity_leaves_room_for_a_1_32_share_or_256_tokens(longest, max_length, expected):
-    capacity = static_capacity(longest, max_length)
+    capacity = decode_capacity(longest, max_length)
     assert capacity == expected
     if max_length is None:
         assert capacity % 256 == 0 and capacity - longest >= max(256, longest / 32)

@@ -47,7 +47,7 @@ def test_replayed_steps_equal_eager_steps(dtype, tolerance, recapture, monkeypat
     if recapture:
         from elastic_attention.integration import decode_graph
 
-        monkeypatch.setattr(decode_graph, "static_capacity", lambda longest, max_length: longest + 50)
+        monkeypatch.setattr(decode_graph, "decode_capacity", lambda longest, max_length: longest + 50)
     replayed, cache = teacher_forced("cuda", dtype, graphs=True)
     eager, eager_cache = teacher_forced("cuda", dtype, graphs=False)
     assert cache.decode_graph is not None and cache.decode_graph.graph is not None  # replayed, not eager

@@ -24,9 +24,11 @@ Under a model window on every layer (Mistral 7B v0.1) a full store forgets the e
 holds at most about twice that window, and every step attends in torch by the composed token rule.
 
 In static mode (`ElasticCache.begin_static`, entered by `integration.decode_graph` to capture decode steps as a CUDA
-graph) every full store is allocated for a capacity up front (the longest sequence plus max(256, 1/32) tokens) and
-every ring at its sink + local slots; lengths then advance on the device, and the host-side ones catch up when static
-mode ends.
+graph) every full store is allocated for a capacity up front (the longest sequence plus max(256, 1/32) tokens,
+`stores.decode_capacity`) and every ring at its sink + local slots; lengths then advance on the device, and the
+host-side ones catch up when static mode ends. Where such steps will follow (``cuda_graphs`` and the fused kernels),
+a prefill already allocates its full stores for that capacity (`prefill_capacity`), so entering static mode after a
+prompt copies none of them.
 
 A decode step (one new token per sequence) on a CUDA GPU with Triton takes the fused path of
 `cache.triton_decode`: whatever the batch size, one launch per layer writes the new entries of every sequence and
@@ -45,7 +47,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from elastic_attention.cache.layer import ElasticCacheLayer
-from elastic_attention.cache.stores import StreamingWindow
+from elastic_attention.cache.stores import StreamingWindow, decode_capacity
 from elastic_attention.cache.triton_decode import DecodeKernelOptions, triton_decode_available
 from elastic_attention.attached import attached_runtime
 from elastic_attention.errors import InputError
@@ -170,8 +172,20 @@ class ElasticCache(Cache):
         """True when decode steps can run in static mode: every layer bounded (no sliding-window layer), prefilled,
         its steps on the fused kernels."""
         layers = self._elastic_layers
-        return (self.fused_decode and len(layers) == len(self.layers) and bool(layers[0].sequences)
-                and triton_decode_available(layers[0].device, layers[0].dtype))
+        return bool(layers[0].sequences) and self._static_capable(layers[0].device, layers[0].dtype)
+
+    def _static_capable(self, device: torch.device, dtype: torch.dtype) -> bool:
+        layers = self._elastic_layers
+        return self.fused_decode and len(layers) == len(self.layers) and triton_decode_available(device, dtype)
+
+    def prefill_capacity(self, longest: int, device: torch.device, dtype: torch.dtype) -> int:
+        """Positions a prefill's full stores are allocated for, its longest sequence ``longest`` tokens: where its
+        decode steps will be captured (``cuda_graphs`` and fused kernels on ``device``), static mode's capacity
+        (`decode_capacity`), so that entering it copies nothing; else 0, just the prompt (eager steps add 1/32
+        as they go, `capacity_for`)."""
+        if self.cuda_graphs and self._static_capable(device, dtype):
+            return decode_capacity(longest, self.max_length)
+        return 0
 
     @property
     def num_sequences(self) -> int:

@@ -18,6 +18,7 @@ from elastic_attention.cache.stores import (
     append_full,
     reserve_full,
     reserve_ring,
+    write_ring,
 )
 from elastic_attention.cache.triton_decode import (
     DecodeSegments,
@@ -118,15 +119,21 @@ class ElasticCacheLayer(CacheLayerMixin):
         self._store(key_states, value_states, spans)
         return key_states, value_states
 
-    def _store(self, key_states: torch.Tensor, value_states: torch.Tensor, spans) -> None:
-        """Append a forward's new entries to each sequence's full heads and stage its streaming heads' entries."""
+    def _store(self, key_states: torch.Tensor, value_states: torch.Tensor, spans, *, stage: bool = True) -> None:
+        """Append a forward's new entries to each sequence's full heads and stage its streaming heads' entries (which
+        this forward's attention reads with the ring's), or (``stage`` False: a prefill nothing attends any more)
+        write them into the rings now, copying only those a ring keeps."""
         self._segments = None
         for store, span in zip(self.sequences, spans):
             count = span.query_count
             new_keys = key_states[span.row, :, span.first_query_row : span.first_query_row + count]
             new_values = value_states[span.row, :, span.first_query_row : span.first_query_row + count]
             append_full(store, new_keys[store.full_heads], new_values[store.full_heads], self.cache.model_window)
-            self._staged.append(StagedEntries(new_keys[store.ring_heads], new_values[store.ring_heads], store.length))
+            if stage:
+                self._staged.append(StagedEntries(new_keys[store.ring_heads], new_values[store.ring_heads],
+                                                  store.length))
+            else:
+                write_ring(store, new_keys, new_values, store.length, self.cache.window, heads=store.ring_heads)
             store.length += count
         self.physical_length += key_states.shape[2]
 
@@ -297,7 +304,7 @@ class ElasticCacheLayer(CacheLayerMixin):
             result[heads] = attend_single_query(queries[heads], store.full_keys[:, : store.length],
                                                 store.full_values[:, : store.length], scale)
         if store.ring_heads.numel():
-            self._write_ring(store, staged)
+            write_ring(store, staged.keys, staged.values, staged.first, self.cache.window)
             heads = store.ring_heads
             window = self.cache.window
             filled = None if store.length >= window.ring_size else store.ring_positions >= 0
@@ -419,61 +426,37 @@ class ElasticCacheLayer(CacheLayerMixin):
                            options=self.cache.kernel_options)
 
     def commit(self) -> None:
-        """Store a prefill's entries (its stores built from the routing), then write the staged entries of the
-        streaming heads into their rings (sink slots and the window)."""
+        """Store a prefill's entries (its stores built from the routing, full stores with room for the decode steps
+        to come: `ElasticCache.prefill_capacity`), then write the staged entries of the streaming heads into their
+        rings (sink slots and the window)."""
         if self._prefill is not None:
             key_states, value_states, spans = self._prefill
             self._prefill = None
-            self.sequences = [self._new_store(n, key_states) for n in range(len(spans))]
-            self._store(key_states, value_states, spans)
+            capacity = self.cache.prefill_capacity(max(span.query_count for span in spans), self.device, self.dtype)
+            self.sequences = [self._new_store(n, key_states, capacity) for n in range(len(spans))]
+            self._store(key_states, value_states, spans, stage=False)
         if self._pending is not None:
             self._write_pending()
         for store, staged in zip(self.sequences, self._staged):
             if staged is not None:
-                self._write_ring(store, staged)
+                write_ring(store, staged.keys, staged.values, staged.first, self.cache.window)
         self._staged = []
-
-    def _write_ring(self, store: SequenceStore, staged: StagedEntries) -> None:
-        """Write a step's entries into a sequence's ring: those in the sink and the last ``local_tokens``.
-
-        Slots are computed from host integers, so no step waits for the GPU.
-        """
-        count = staged.keys.shape[1]
-        if not store.ring_heads.numel() or count == 0:
-            return
-        window = self.cache.window
-        sink, local = window.sink_tokens, window.local_tokens
-        first = staged.first
-        reserve_ring(store, first + count, window.ring_size, spare=count == 1)
-        if count == 1:
-            slot = first if first < sink else sink + (first - sink) % local
-            store.ring_keys[:, slot] = staged.keys[:, 0]
-            store.ring_values[:, slot] = staged.values[:, 0]
-            store.ring_positions[slot : slot + 1].fill_(first)  # a kernel, not a host-to-device copy
-            return
-        sink_end = min(count, max(0, sink - first))  # entries [0, sink_end) fall in the sink
-        window_start = max(sink_end, count - local)  # entries [window_start, count) fall in the window
-        device = staged.keys.device
-        index = torch.cat([torch.arange(sink_end, device=device), torch.arange(window_start, count, device=device)])
-        positions = index + first
-        slots = torch.where(positions < sink, positions, sink + (positions - sink) % local)
-        store.ring_keys[:, slots] = staged.keys[:, index]
-        store.ring_values[:, slots] = staged.values[:, index]
-        store.ring_positions[slots] = positions
 
     def nbytes(self) -> int:
         return sum(store.nbytes() for store in self.sequences)
 
     # -- storage -------------------------------------------------------------------------------------------------
 
-    def _new_store(self, sequence: int, key_states: torch.Tensor) -> SequenceStore:
+    def _new_store(self, sequence: int, key_states: torch.Tensor, full_capacity: int = 0) -> SequenceStore:
+        """An empty store for ``sequence``, its heads split by the routing; room for ``full_capacity`` entries in its
+        full store."""
         num_kv, head_dim = key_states.shape[1], key_states.shape[3]
         full_heads, ring_heads = self.cache.head_split(self.layer_index, sequence, num_kv, key_states.device)
-        new = lambda heads: key_states.new_zeros(heads.numel(), 0, head_dim)  # noqa: E731
+        new = lambda heads, size=0: key_states.new_zeros(heads.numel(), size, head_dim)  # noqa: E731
         return SequenceStore(
             full_heads=full_heads,
-            full_keys=new(full_heads),
-            full_values=new(full_heads),
+            full_keys=new(full_heads, full_capacity),
+            full_values=new(full_heads, full_capacity),
             ring_heads=ring_heads,
             ring_keys=new(ring_heads),
             ring_values=new(ring_heads),

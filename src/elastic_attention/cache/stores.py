@@ -3,8 +3,8 @@
 One `SequenceStore` holds what one layer keeps of one sequence: a full store (keys/values [F, capacity, D] for its F
 retained heads, entries in position order) and a ring store (keys/values [P, capacity, D] for its P streaming heads,
 plus the logical position of each slot, [capacity], -1 when empty). The functions here reserve room in either store,
-append to the full store and, under a model window, forget what no later query can see; none needs the cache layer
-that owns the store (`cache.layer.ElasticCacheLayer`).
+append to the full store, write a ring and, under a model window, forget what no later query can see; none needs the
+cache layer that owns the store (`cache.layer.ElasticCacheLayer`).
 """
 
 from __future__ import annotations
@@ -116,6 +116,49 @@ def reserve_ring(store: SequenceStore, needed: int, ring_size: int, *, spare: bo
     return True
 
 
+def write_ring(store: SequenceStore, keys: torch.Tensor, values: torch.Tensor, first: int, window: StreamingWindow,
+               heads: torch.Tensor | None = None) -> None:
+    """Write entries at positions ``first .. first + n - 1`` into a sequence's ring: those that fall in the sink and
+    the last ``local_tokens`` (nothing when it has no streaming head).
+
+    Slots are computed from host integers, so no step waits for the GPU.
+
+    Args:
+        store: the sequence's storage; its ring may grow (`reserve_ring`).
+        keys, values: [P, n, D] the entries of its P streaming heads, or with ``heads`` [Hkv, n, D] every KV head's
+            (a prefill's, a view): the ring's entries are picked first and its heads second, so that the entries a
+            ring never keeps (all but sink + local of a long prompt) are not copied.
+        first: the position of the first entry.
+        window: what a streaming head keeps.
+        heads: [P] the streaming heads among ``keys``' (the store's ``ring_heads``); None: ``keys`` holds only them.
+    """
+    count = keys.shape[1]
+    if not store.ring_heads.numel() or count == 0:
+        return
+    sink, local = window.sink_tokens, window.local_tokens
+    reserve_ring(store, first + count, window.ring_size, spare=count == 1)
+    if count == 1:
+        slot = first if first < sink else sink + (first - sink) % local
+        key, value = (keys[:, 0], values[:, 0]) if heads is None else (keys[heads, 0], values[heads, 0])
+        store.ring_keys[:, slot] = key
+        store.ring_values[:, slot] = value
+        store.ring_positions[slot : slot + 1].fill_(first)  # a kernel, not a host-to-device copy
+        return
+    sink_end = min(count, max(0, sink - first))  # entries [0, sink_end) fall in the sink
+    window_start = max(sink_end, count - local)  # entries [window_start, count) fall in the window
+    device = keys.device
+    index = torch.cat([torch.arange(sink_end, device=device), torch.arange(window_start, count, device=device)])
+    positions = index + first
+    slots = torch.where(positions < sink, positions, sink + (positions - sink) % local)
+    if heads is None:
+        store.ring_keys[:, slots] = keys[:, index]
+        store.ring_values[:, slots] = values[:, index]
+    else:
+        store.ring_keys[:, slots] = keys[:, index][heads]
+        store.ring_values[:, slots] = values[:, index][heads]
+    store.ring_positions[slots] = positions
+
+
 def reserve_full(store: SequenceStore, needed: int, *, spare: bool) -> bool:
     """Room for ``needed`` entries in a sequence's full store.
 
@@ -187,3 +230,13 @@ def capacity_for(needed: int, spare: bool) -> int:
     one), so a store is copied every few dozen steps at long lengths and never holds more than about 3% beyond what
     a full cache of the same sequence holds."""
     return needed + (needed // 32 + 1 if spare else 0)
+
+
+def decode_capacity(longest: int, max_length: int | None) -> int:
+    """Positions per sequence to hold once a prompt of ``longest`` tokens is stored, for the decode steps to come:
+    room for ``max(256, longest / 32)`` more tokens (a multiple of 256), within ``max_length``. A prefill's full
+    stores get it at once, and static mode (`ElasticCache.begin_static`) allocates it, so entering static mode after
+    a prompt copies nothing."""
+    room = max(256, -(-longest // 32))
+    capacity = -(-(longest + room) // 256) * 256
+    return capacity if max_length is None else min(capacity, max_length)

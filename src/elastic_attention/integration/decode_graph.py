@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
+from elastic_attention.cache.stores import decode_capacity
 from elastic_attention.errors import ConfigError, InputError
 from elastic_attention.integration.decode_projections import grouped_projections
 from elastic_attention.integration.module_forwards import replaced_forwards
@@ -61,14 +62,6 @@ MASK_CHECK_INTERVAL = 32
 #: 4.47 ms step at batch 1 (0.947 ms of 5.45 at batch 8).
 COMPILE_SECONDS = 6.2
 SAVED_SECONDS_PER_LAYER = 0.568e-3 / 28
-
-
-def static_capacity(longest: int, max_length: int | None) -> int:
-    """Positions per sequence to allocate when a sequence of ``longest`` tokens enters static mode: room for
-    ``max(256, longest / 32)`` more tokens (a multiple of 256), within ``max_length``."""
-    room = max(256, -(-longest // 32))
-    capacity = -(-(longest + room) // 256) * 256
-    return capacity if max_length is None else min(capacity, max_length)
 
 
 class DecodeGraph:
@@ -330,7 +323,7 @@ class GraphedForward:
                                                   or cache.decode_graph.compile_layers != compile_layers):
             cache.end_static()  # full, or the layers are to compile now: capture again
         if cache.static_capacity is None:
-            capacity = static_capacity(cache.longest, cache.max_length)
+            capacity = decode_capacity(cache.longest, cache.max_length)
             if capacity <= cache.longest:
                 raise InputError(
                     f"sequence length {cache.longest + 1} exceeds the cache's max_length {cache.max_length}; "
