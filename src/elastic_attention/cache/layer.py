@@ -452,6 +452,7 @@ class ElasticCacheLayer(CacheLayerMixin):
         full store."""
         num_kv, head_dim = key_states.shape[1], key_states.shape[3]
         full_heads, ring_heads = self.cache.head_split(self.layer_index, sequence, num_kv, key_states.device)
+        full_capacity = full_capacity if full_heads.numel() else 0  # no full head: nothing to hold
         new = lambda heads, size=0: key_states.new_zeros(heads.numel(), size, head_dim)  # noqa: E731
         return SequenceStore(
             full_heads=full_heads,
