@@ -386,3 +386,20 @@ def test_a_prefill_stores_full_heads_with_static_modes_room_only_where_static_st
         assert [store.full_keys.shape[1] for store in stores] == expected
         for store in stores:  # the prompt's entries are where they were written: position order from 0
             assert store.full_keys[:, store.full_count:].abs().sum() == 0
+
+
+def test_the_address_tables_head_lists_are_each_stores_own_heads():
+    """Oracle: each store's full and streaming heads as the prefill put them on the device (`head_split`); the host
+    lists come from the routing's host copy, with per-sample routing in a batch of four."""
+    model = attached(layers=3, seed=0)
+    per_sample_routers(model)
+    ids = torch.randint(3, 90, (4, 50), generator=torch.Generator().manual_seed(0))
+    cache = ElasticCache(model)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache)
+    seen = set()
+    for layer in cache.layers:
+        lists = layer._head_lists()
+        assert lists == [(store.full_heads.tolist(), store.ring_heads.tolist()) for store in layer.sequences]
+        seen.update((tuple(full), tuple(ring)) for full, ring in lists)
+    assert seen == {((0, 1), ()), ((0,), (1,)), ((1,), (0,)), ((), (0, 1))}  # every split of two heads

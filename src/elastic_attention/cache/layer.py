@@ -392,16 +392,15 @@ class ElasticCacheLayer(CacheLayerMixin):
         return DecodeSegments.from_columns(*columns, num_kv_heads=num_kv, device=self.device)
 
     def _head_lists(self) -> list[tuple[list[int], list[int]]]:
-        """Per sequence, its full and its streaming KV heads as host lists, fetched from the device in one copy: one
-        wait for the GPU a layer rather than one per sequence and kind (two per sequence a layer: 448 at batch 8 on
-        a 28-layer model)."""
-        stores = self.sequences
-        counts = [(store.full_heads.numel(), store.ring_heads.numel()) for store in stores]
-        heads = torch.cat([t for store in stores for t in (store.full_heads, store.ring_heads)]).tolist()
-        lists, start = [], 0
-        for full, ring in counts:
-            lists.append((heads[start : start + full], heads[start + full : start + full + ring]))
-            start += full + ring
+        """Per sequence, its full and its streaming KV heads as host lists, in the order of its stores (each in head
+        order, `ElasticCache.head_split`), read from the routing's host copy: building an address table never waits
+        for the GPU."""
+        lists = []
+        for sequence, store in enumerate(self.sequences):
+            num_kv = store.full_heads.numel() + store.ring_heads.numel()
+            streaming = self.cache.streaming_heads(self.layer_index, sequence, num_kv).tolist()
+            lists.append(([head for head in range(num_kv) if not streaming[head]],
+                          [head for head in range(num_kv) if streaming[head]]))
         return lists
 
     def _write_pending(self) -> None:
