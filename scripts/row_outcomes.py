@@ -20,7 +20,7 @@ its stored accuracy is refused (wrong tokenizer, seed or file). Then, at each le
   ``set_losses_file`` (training without the backbone) a router recipe can be tried on a CPU.
 - **elastic's losses**: per task, the rows on which full attention scores higher than elastic; with ``--choices``
   (the JSON of `scripts/head_set_choices.py` for the same rows, seed and lengths) the MSR of the set elastic ran on
-  each of them.
+  each of them. ``--losses-of MODES`` lists the same rows for other modes (e.g. the searched path's sets).
 
     python scripts/row_outcomes.py benchmarks/results/real_model_1.5b_eval.json \
         --model artifacts/qwen2.5-coder-1.5b-instruct --lengths 8192,16384 \
@@ -256,10 +256,24 @@ def mode_msrs_of(results: Sequence[dict], modes: Sequence[str], length: int) -> 
     return found
 
 
-def elastic_losses(scores: dict, task: str, length: int) -> list[int]:
-    """The rows (indices) of ``task`` at ``length`` on which full attention scores higher than elastic."""
-    full, elastic = scores[("full", task, length)], scores[("elastic", task, length)]
-    return [index for index, (f, e) in enumerate(zip(full, elastic)) if f > e]
+def elastic_losses(scores: dict, task: str, length: int, mode: str = "elastic") -> list[int]:
+    """The rows (indices) of ``task`` at ``length`` on which full attention scores higher than ``mode``."""
+    full, other = scores[("full", task, length)], scores[(mode, task, length)]
+    return [index for index, (f, e) in enumerate(zip(full, other)) if f > e]
+
+
+def mode_losses(scores: dict, modes: Sequence[str], length: int) -> dict[str, dict[str, list[int]]]:
+    """mode -> task -> the rows full attention scores higher on (`elastic_losses`), for every task measured with
+    both at ``length``; printed one line per task, the modes side by side."""
+    found: dict[str, dict[str, list[int]]] = {mode: {} for mode in modes}
+    tasks = dict.fromkeys(task for mode, task, at in scores if at == length)
+    for task in tasks:
+        measured = [mode for mode in modes if (mode, task, length) in scores and ("full", task, length) in scores]
+        for mode in measured:
+            found[mode][task] = elastic_losses(scores, task, length, mode)
+        if measured:
+            print(f"  below full on {task}: " + "; ".join(f"{mode} {found[mode][task]}" for mode in measured))
+    return found
 
 
 def chosen_msrs(choices: dict, task: str, length: int, rows: int | None = None) -> list[float] | None:
@@ -302,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--set-modes", help="comma list: the mode measured with each of the router's sets, in order")
     parser.add_argument("--measured", type=Path, help="with --predict: an eval.json holding the router's own elastic "
                                                       "cells (same seed), to compare on the same rows")
+    parser.add_argument("--losses-of", help="comma list of other modes (e.g. heads@0.1,heads@0.2): the rows of each "
+                                            "task on which full attention scores higher, as for elastic")
     parser.add_argument("--out", type=Path, help="JSON file for what is printed (with date and command)")
     args = parser.parse_args(argv)
     if bool(args.predict) != bool(args.set_modes) or (args.measured and not args.predict):
@@ -348,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "ceiling_retention": ceiling.retention if ceiling else None,
             "full_or_sparse": {"retention": either.retention, "msr": either.msr} if either else None,
             "elastic_losses": losses}
+        if args.losses_of:
+            summary["lengths"][length]["losses"] = mode_losses(scores, args.losses_of.split(","), length)
         if args.oracle_modes:
             mode_msrs = mode_msrs_of(results, args.oracle_modes.split(","), length)
             floors = [float(x) for x in args.msr_floors.split(",")]

@@ -95,6 +95,11 @@ def test_main_reads_an_eval_file_and_its_choices(tmp_path, capsys):
     assert at["elastic_losses"]["local_recall"] == {"rows": [2], "chosen_set_msr": []}
     assert at["full_or_sparse"]["msr"] == pytest.approx((3 / 7 + 7 / 7) / 2)  # all-SSA ties full on rows 2, 3, 6
     assert "elastic below full on needle_single: 2 rows (chosen sets' MSR: 0.500, 1.000)" in capsys.readouterr().out
+    # the same for other modes; a mode the file does not hold is left out
+    summary = script.main([str(eval_json), "--model", str(TINY_BACKBONE), "--losses-of", "sparse,heads@0.5"])
+    assert summary["lengths"][LENGTH]["losses"] == {"sparse": {"needle_single": [0, 1, 4, 5], "local_recall": []},
+                                                    "heads@0.5": {}}
+    assert "below full on needle_single: sparse [0, 1, 4, 5]\n" in capsys.readouterr().out
 
 
 def test_the_choice_under_an_msr_floor_against_every_choice_enumerated():
