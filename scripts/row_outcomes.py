@@ -264,16 +264,10 @@ def elastic_losses(scores: dict, task: str, length: int, mode: str = "elastic") 
 
 def mode_losses(scores: dict, modes: Sequence[str], length: int) -> dict[str, dict[str, list[int]]]:
     """mode -> task -> the rows full attention scores higher on (`elastic_losses`), for every task measured with
-    both at ``length``; printed one line per task, the modes side by side."""
-    found: dict[str, dict[str, list[int]]] = {mode: {} for mode in modes}
-    tasks = dict.fromkeys(task for mode, task, at in scores if at == length)
-    for task in tasks:
-        measured = [mode for mode in modes if (mode, task, length) in scores and ("full", task, length) in scores]
-        for mode in measured:
-            found[mode][task] = elastic_losses(scores, task, length, mode)
-        if measured:
-            print(f"  below full on {task}: " + "; ".join(f"{mode} {found[mode][task]}" for mode in measured))
-    return found
+    both at ``length``."""
+    tasks = dict.fromkeys(task for _, task, at in scores if at == length and ("full", task, length) in scores)
+    return {mode: {task: elastic_losses(scores, task, length, mode) for task in tasks if (mode, task, length) in scores}
+            for mode in modes}
 
 
 def chosen_msrs(choices: dict, task: str, length: int, rows: int | None = None) -> list[float] | None:
@@ -365,7 +359,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "full_or_sparse": {"retention": either.retention, "msr": either.msr} if either else None,
             "elastic_losses": losses}
         if args.losses_of:
-            summary["lengths"][length]["losses"] = mode_losses(scores, args.losses_of.split(","), length)
+            found = mode_losses(scores, args.losses_of.split(","), length)
+            for task in dict.fromkeys(task for rows in found.values() for task in rows):
+                print(f"  below full on {task}: "
+                      + "; ".join(f"{mode} {rows[task]}" for mode, rows in found.items() if task in rows))
+            summary["lengths"][length]["losses"] = found
         if args.oracle_modes:
             mode_msrs = mode_msrs_of(results, args.oracle_modes.split(","), length)
             floors = [float(x) for x in args.msr_floors.split(",")]
