@@ -151,17 +151,24 @@ class ElasticCache(Cache):
             copied.synchronize()
         return streaming[sequence]
 
+    def head_lists(self, layer_index: int, sequence: int, num_kv_heads: int) -> tuple[list[int], list[int]]:
+        """The KV heads of ``sequence`` in ``layer_index`` that keep every entry and those that stream, each in head
+        order, as host lists read from the routing's host copy (`head_split` gives the same on the device)."""
+        streaming = self.streaming_heads(layer_index, sequence, num_kv_heads).tolist()
+        return ([head for head in range(num_kv_heads) if not streaming[head]],
+                [head for head in range(num_kv_heads) if streaming[head]])
+
     def head_split(self, layer_index: int, sequence: int, num_kv_heads: int,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """([F], [P]) int64 on ``device``: the KV heads of ``sequence`` in ``layer_index`` that keep every entry and
-        those that stream, each in head order. Built on the device from the routing there; only the count F comes
-        from the host copy, so nothing waits for work launched after the routing."""
-        streaming = self.streaming_heads(layer_index, sequence, num_kv_heads)
+        those that stream, each in head order (as `head_lists`). Built on the device from the routing there; only the
+        count F comes from the host copy, so nothing waits for work launched after the routing."""
+        full_heads, _ = self.head_lists(layer_index, sequence, num_kv_heads)
         on_device = self._streaming_on_device.get(layer_index)
         if on_device is None:
             heads = torch.arange(num_kv_heads, device=device)
             return heads, heads[:0]
-        full = int((~streaming).sum())
+        full = len(full_heads)
         order = torch.sort(on_device[sequence].to(torch.uint8), stable=True).indices.to(device)  # full heads first
         return order[:full], order[full:]
 

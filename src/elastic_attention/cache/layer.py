@@ -392,16 +392,10 @@ class ElasticCacheLayer(CacheLayerMixin):
         return DecodeSegments.from_columns(*columns, num_kv_heads=num_kv, device=self.device)
 
     def _head_lists(self) -> list[tuple[list[int], list[int]]]:
-        """Per sequence, its full and its streaming KV heads as host lists, in the order of its stores (each in head
-        order, `ElasticCache.head_split`), read from the routing's host copy: building an address table never waits
-        for the GPU."""
-        lists = []
-        for sequence, store in enumerate(self.sequences):
-            num_kv = store.full_heads.numel() + store.ring_heads.numel()
-            streaming = self.cache.streaming_heads(self.layer_index, sequence, num_kv).tolist()
-            lists.append(([head for head in range(num_kv) if not streaming[head]],
-                          [head for head in range(num_kv) if streaming[head]]))
-        return lists
+        """Per sequence, its full and its streaming KV heads as host lists, in the order of its stores
+        (`ElasticCache.head_lists`): building an address table never waits for the GPU."""
+        return [self.cache.head_lists(self.layer_index, sequence, store.full_heads.numel() + store.ring_heads.numel())
+                for sequence, store in enumerate(self.sequences)]
 
     def _write_pending(self) -> None:
         keys, values = self._pending
