@@ -7,6 +7,9 @@ router decides at the first routed layer (layer 0 by default), so this says what
     python scripts/router_input_probe.py --model artifacts/qwen2.5-coder-1.5b-instruct --suite code \
         --held-out multivalue,recent_definition --lengths 4k,8k --rows 20 --layers 0,2 --unseen-seed 7
 
+--tasks and --positive ask the same of any split of tasks instead of the two kinds, e.g. whether one sensitive task
+can be told from the others (`--tasks passkey,multikey,find_definition --positive multikey`).
+
 Each forward stops at layer L (nothing after the router's input is computed). With --unseen-seed each fit is also
 scored on rows drawn with that seed, which it never saw. --out writes the table as JSON with the date, device,
 command and model.
@@ -71,11 +74,13 @@ def router_inputs(model, tokenizer, suite: str, tasks: Sequence[str], lengths: S
 
 
 def kind_table(features: torch.Tensor, names: list[str], kinds: dict[str, str], held_out: set[str],
-               steps: int = 500, unseen: tuple[torch.Tensor, list[str]] | None = None) -> list[dict]:
-    """Fit a logistic regression (standardized inputs, L2 1e-3, Adam) on the rows of tasks not in ``held_out``; per
-    task, the share of its rows predicted as its kind. ``unseen`` (features, names of other rows of the same tasks,
-    e.g. drawn with another seed) adds each task's share among those rows: what the fit does on prompts it never saw."""
-    label = torch.tensor([kinds[name] == "sensitive" for name in names], dtype=torch.float32)
+               steps: int = 500, unseen: tuple[torch.Tensor, list[str]] | None = None,
+               positive: str = "sensitive") -> list[dict]:
+    """Fit a logistic regression (standardized inputs, L2 1e-3, Adam; label 1 where ``kinds[task] == positive``) on
+    the rows of tasks not in ``held_out``; per task, the share of its rows predicted as its kind. ``unseen``
+    (features, names of other rows of the same tasks, e.g. drawn with another seed) adds each task's share among
+    those rows: what the fit does on prompts it never saw."""
+    label = torch.tensor([kinds[name] == positive for name in names], dtype=torch.float32)
     train = torch.tensor([name not in held_out for name in names])
     mean, scale = features[train].mean(0), features[train].std(0) + 1e-6
     weight = torch.zeros(features.shape[1], requires_grad=True)
@@ -92,7 +97,7 @@ def kind_table(features: torch.Tensor, names: list[str], kinds: dict[str, str], 
     def shares(rows_features: torch.Tensor, rows_names: list[str]) -> dict[str, tuple[float, int]]:
         with torch.no_grad():
             predicted = ((((rows_features - mean) / scale) @ weight + bias) > 0).float()
-        truth = torch.tensor([kinds[name] == "sensitive" for name in rows_names], dtype=torch.float32)
+        truth = torch.tensor([kinds[name] == positive for name in rows_names], dtype=torch.float32)
         return {task: (float((predicted[rows] == truth[rows]).float().mean()), len(rows))
                 for task in dict.fromkeys(rows_names)
                 for rows in [[index for index, name in enumerate(rows_names) if name == task]]}
@@ -120,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--model", required=True, help="folder of the backbone and its tokenizer")
     parser.add_argument("--suite", default="code", choices=["synthetic", "code"])
     parser.add_argument("--held-out", default="", help="comma list of tasks the regression does not see")
+    parser.add_argument("--tasks", default="", help="comma list of the tasks probed (default: every task of the suite)")
+    parser.add_argument("--positive", default="",
+                        help="comma list of the tasks on one side (default: the two sides are the suite's kinds)")
     parser.add_argument("--lengths", type=lambda text: [parse_length(t) for t in text.split(",")], default=[4096])
     parser.add_argument("--rows", type=int, default=20, help="rows per task and length")
     parser.add_argument("--layers", type=lambda text: [int(t) for t in text.split(",")], default=[0],
@@ -133,17 +141,26 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if args.unseen_seed is not None and args.unseen_seed == args.seed:
         parser.error("--unseen-seed equals --seed: the unseen rows would be the fitted ones")
     suite = get_suite(args.suite)
-    held_out = {task for task in args.held_out.split(",") if task}
-    suite.resolve(sorted(held_out))  # unknown names are refused
+    def task_list(text: str) -> list[str]:  # unknown names are refused
+        names = [name for name in text.split(",") if name]
+        return suite.resolve(names) if names else []
+
+    held_out, positive = set(task_list(args.held_out)), set(task_list(args.positive))
+    tasks = task_list(args.tasks) if args.tasks else list(suite.tasks)
+    if not positive <= set(tasks) or not held_out <= set(tasks):
+        parser.error(f"--positive and --held-out name tasks outside --tasks {','.join(tasks)}: add them there")
+    if positive and not set(tasks) - positive:
+        parser.error("--positive names every probed task: the regression needs rows on both sides")
     model, tokenizer = load_backbone(args.model, args.device, "float32")
-    kinds = {task: suite.kind(task) for task in suite.tasks}
+    kinds = ({task: "positive" if task in positive else "other" for task in tasks} if positive
+             else {task: suite.kind(task) for task in tasks})
+    positive_kind = "positive" if positive else "sensitive"
     table = []
     for layer in args.layers:
-        features, names = router_inputs(model, tokenizer, args.suite, suite.tasks, args.lengths, args.rows, layer,
-                                        args.seed)
+        features, names = router_inputs(model, tokenizer, args.suite, tasks, args.lengths, args.rows, layer, args.seed)
         unseen = None if args.unseen_seed is None else router_inputs(
-            model, tokenizer, args.suite, suite.tasks, args.lengths, args.rows, layer, args.unseen_seed)
-        for record in kind_table(features, names, kinds, held_out, unseen=unseen):
+            model, tokenizer, args.suite, tasks, args.lengths, args.rows, layer, args.unseen_seed)
+        for record in kind_table(features, names, kinds, held_out, unseen=unseen, positive=positive_kind):
             table.append({"layer": layer, **record})
             print(f"layer {layer:2d} {record['task']:20s} {record['kind']:9s} "
                   f"{'held out' if record['held_out'] else 'trained':8s} predicted as its kind: "
@@ -153,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if args.out is not None:
         document = {**run_header(next(model.parameters()).device), "model": args.model, "layers": args.layers,
                     "lengths": args.lengths, "seed": args.seed, "unseen_seed": args.unseen_seed,
-                    "held_out": sorted(held_out), "results": table}
+                    "held_out": sorted(held_out), "positive": sorted(positive) or "sensitive", "results": table}
         atomic_write_text(args.out, json.dumps(document, indent=2))
     return table
 

@@ -58,3 +58,26 @@ def test_the_probe_reads_the_pooled_keys_the_router_reads(random_suite_backbone,
     assert document["results"] == table and document["layers"] == [0, 1] and len(table) == 14
     assert [record["layer"] for record in table] == [0] * 7 + [1] * 7
     assert all(record["unseen_rows"] == 2 and 0 <= record["predicted_as_its_kind_unseen_rows"] <= 1 for record in table)
+
+
+def test_the_probe_splits_the_tasks_it_is_told_to(random_suite_backbone, tmp_path):
+    """--tasks keeps only those tasks' rows; --positive puts the named ones on one side, whatever their kind."""
+    probe = load_script("router_input_probe")
+    table = probe.main(["--model", str(random_suite_backbone), "--suite", "synthetic",
+                        "--tasks", "needle_single,local_recall,local_count", "--positive", "local_recall",
+                        "--lengths", "300", "--rows", "2", "--device", "cpu", "--out", str(tmp_path / "probe.json")])
+    assert [record["task"] for record in table] == ["needle_single", "local_recall", "local_count"]
+    assert [record["kind"] for record in table] == ["other", "positive", "other"]
+    assert json.loads((tmp_path / "probe.json").read_text())["positive"] == ["local_recall"]
+
+
+def test_the_probe_refuses_a_split_with_one_side(random_suite_backbone):
+    import pytest
+
+    probe = load_script("router_input_probe")
+    with pytest.raises(SystemExit):
+        probe.main(["--model", str(random_suite_backbone), "--suite", "synthetic", "--tasks", "needle_single",
+                    "--positive", "needle_single", "--device", "cpu"])
+    with pytest.raises(SystemExit):
+        probe.main(["--model", str(random_suite_backbone), "--suite", "synthetic", "--tasks", "needle_single",
+                    "--positive", "local_recall", "--device", "cpu"])
