@@ -32,17 +32,53 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from router_input_probe import pooled_router_input  # noqa: E402
 
 
-def choice_logits(model, router, tokenizer, task: str, length: int, rows: int, seed: int) -> torch.Tensor:
-    """[rows, C] float64: the router's logits over its sets for the evaluation's rows of ``task`` at ``length``."""
+def choice_logits(model, router, tokenizer, task: str, length: int, rows: int, seed: int,
+                  kept_inputs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """[rows, C] float64: the router's logits over its sets for the evaluation's rows of ``task`` at ``length``.
+    ``kept_inputs`` (`read_inputs`) serves the rows' pooled keys where it holds them and keeps those it computes."""
     from elastic_attention.evaluation.suites import suite_of
     from elastic_attention.rows import encode_row
 
-    logits = []
-    for row in suite_of(task).generate(task, length, seed, rows, tokenizer):
-        ids = torch.tensor([encode_row(tokenizer, row).prompt_ids])
-        with torch.no_grad():
-            logits.append(router.choice_logits(pooled_router_input(model, router, ids).to(router.head_sets.device)))
-    return torch.cat(logits).double().cpu()
+    key = f"{task}@{length}@{seed}@{rows}"
+    pooled = None if kept_inputs is None else kept_inputs.get(key)
+    if pooled is None:
+        pooled = []
+        for row in suite_of(task).generate(task, length, seed, rows, tokenizer):
+            ids = torch.tensor([encode_row(tokenizer, row).prompt_ids])
+            pooled.append(pooled_router_input(model, router, ids))
+        pooled = torch.cat(pooled)
+        if kept_inputs is not None:
+            kept_inputs[key] = pooled
+    with torch.no_grad():
+        return router.choice_logits(pooled.to(router.head_sets.device)).double().cpu()
+
+
+def inputs_metadata(model_folder: str, layer: int, dtype: torch.dtype) -> dict[str, str]:
+    """What the pooled keys depend on besides the rows: the model (its folder's name, so that a kept file serves the
+    same model in another checkout), the router's layer, the dtype."""
+    return {"model": Path(model_folder).resolve().name, "layer": str(layer), "dtype": str(dtype)}
+
+
+def read_inputs(path: Path, metadata: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The pooled keys an earlier call kept in ``path`` (safetensors; key ``task@length@seed@rows``), or nothing
+    when there is no file yet. Refuses a file written for another model, router input or dtype."""
+    from safetensors import safe_open
+
+    if not path.exists():
+        return {}
+    with safe_open(str(path), "pt") as handle:
+        written = handle.metadata() or {}
+        if written != metadata:
+            raise SystemExit(f"{path} holds router inputs of {written}, not {metadata}: name another --inputs file")
+        return {key: handle.get_tensor(key) for key in handle.keys()}
+
+
+def write_inputs(path: Path, inputs: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    from safetensors.torch import save
+
+    from elastic_attention.io import atomic_write_bytes
+
+    atomic_write_bytes(path, save({key: value.contiguous() for key, value in inputs.items()}, metadata=metadata))
 
 
 def fit_price(sensitive_logits: torch.Tensor, msrs: torch.Tensor, margin: float) -> float:
@@ -105,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--write-adapter", type=Path, help="folder for the router with the price folded in")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument("--inputs", type=Path, help="safetensors file keeping the rows' pooled keys (read where it "
+                        "holds them, the rest added): another router of the same layer is then scored in seconds")
     parser.add_argument("--out", type=Path, help="JSON file for the table")
     args = parser.parse_args(argv)
     calibration_tasks = [name for name in args.calibrate_tasks.split(",") if name]
@@ -115,20 +153,23 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     model, tokenizer = load_backbone(args.model, device=args.device, dtype=args.dtype)
     load_router(model, args.router, backend="reference")
-    router = next(iter(routers_of(model).values()))
+    layer, router = next(iter(routers_of(model).items()))
     if not isinstance(router, HeadSetRouter):
         parser.error(f"{args.router} holds per-head routers, not a head-set router: scripts/router_margins.py "
                      "reads those")
     router.eval()
     suite = get_suite(args.suite)
     msrs = router.set_msrs().cpu()
+    metadata = inputs_metadata(args.model, layer, next(model.parameters()).dtype)
+    kept_inputs = read_inputs(args.inputs, metadata) if args.inputs is not None else None
 
     price, calibration = 0.0, []
     if calibration_tasks:
         suite.resolve(calibration_tasks)  # unknown names are refused
         for task in calibration_tasks:
             for length in args.calibrate_lengths:
-                logits = choice_logits(model, router, tokenizer, task, length, args.calibrate_rows, args.calibrate_seed)
+                logits = choice_logits(model, router, tokenizer, task, length, args.calibrate_rows, args.calibrate_seed,
+                                       kept_inputs)
                 calibration.append((task, length, logits))
         sensitive = [logits for task, _, logits in calibration if suite.kind(task) == "sensitive"]
         if not sensitive:
@@ -138,9 +179,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     table, logits_per_cell = [], {}
     for task in resolve_tasks([name for name in args.tasks.split(",") if name], args.suite):
         for length in args.lengths:
-            logits = choice_logits(model, router, tokenizer, task, length, args.rows, args.seed)
+            logits = choice_logits(model, router, tokenizer, task, length, args.rows, args.seed, kept_inputs)
             logits_per_cell[f"{task}@{length}"] = logits.tolist()
             table.append(summary(task, suite.kind(task), length, logits, msrs, price))
+    if args.inputs is not None:
+        write_inputs(args.inputs, kept_inputs, metadata)
     calibration_table = [summary(task, suite.kind(task), length, logits, msrs, price)
                          for task, length, logits in calibration]
 

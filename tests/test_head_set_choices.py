@@ -96,3 +96,37 @@ def test_sets_of_the_same_msr_keep_their_own_shares():
     assert record["argmax"]["share_per_set"] == {"0.500 #0": 0.25, "1.000": 0.25, "0.500 #2": 0.5}
     assert record["argmax"]["msr"] == 0.625
 
+
+
+def test_kept_router_inputs_give_the_logits_the_prompts_give(tmp_path, monkeypatch):
+    """Oracle: the logits of a call that computes every prompt's pooled keys. A second call reading the kept file
+    gives the same logits without running the model up to the router; a file kept for another layer is refused."""
+    import elastic_attention as ea
+    from elastic_attention.assets import TINY_BACKBONE
+    from elastic_attention.evaluation.pipeline import load_backbone
+
+    import pytest
+
+    model, _ = load_backbone(TINY_BACKBONE, "cpu")
+    ea.attach(model, ea.ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8, head_set_choices=2))
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for parameter in ea.routers_of(model)[0].parameters():
+            parameter.normal_(0, 0.5)
+    ea.save_router(model, tmp_path / "adapter")
+    script = load_script("head_set_choices")
+    arguments = ["--model", str(TINY_BACKBONE), "--router", str(tmp_path / "adapter"), "--suite", "synthetic",
+                 "--tasks", "needle_single,local_recall", "--lengths", "500", "--rows", "3", "--device", "cpu"]
+    computed = script.main(arguments)
+    kept = script.main([*arguments, "--inputs", str(tmp_path / "inputs.safetensors")])
+    assert kept["logits"] == computed["logits"]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the kept file holds these rows: nothing is computed")
+
+    monkeypatch.setattr(script, "pooled_router_input", refuse)
+    again = script.main([*arguments, "--inputs", str(tmp_path / "inputs.safetensors")])
+    assert again["logits"] == computed["logits"]
+    metadata = script.inputs_metadata(str(TINY_BACKBONE), 1, torch.float32)
+    with pytest.raises(SystemExit, match="not"):
+        script.read_inputs(tmp_path / "inputs.safetensors", metadata)
