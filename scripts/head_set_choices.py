@@ -16,6 +16,9 @@ reads as it reads the original.
         --calibrate-lengths 4k,8k,16k --calibrate-rows 20 --calibrate-seed 7 --out choices.json
 
 --out writes the table, the price and each row's logits as JSON with the date, device, command, model and router.
+--inputs FILE keeps every row's pooled keys (safetensors): a later call with the same file scores another router of
+the same model and layer without running the model (e.g. `real_model_1.5b_eval_router_inputs_cpu_2026-12-06.safetensors`
+in benchmarks/results, the evaluation's 50 rows of every task at 8K and 16K).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def inputs_metadata(model_folder: str, layer: int, dtype: torch.dtype) -> dict[s
 
 def read_inputs(path: Path, metadata: dict[str, str]) -> dict[str, torch.Tensor]:
     """The pooled keys an earlier call kept in ``path`` (safetensors; key ``task@length@seed@rows``), or nothing
-    when there is no file yet. Refuses a file written for another model, router input or dtype."""
+    when there is no file yet. Refuses a file written for another model, router layer or dtype."""
     from safetensors import safe_open
 
     if not path.exists():
