@@ -165,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     msrs = router.set_msrs().cpu()
     metadata = inputs_metadata(args.model, layer, next(model.parameters()).dtype)
     kept_inputs = read_inputs(args.inputs, metadata) if args.inputs is not None else None
+    kept_before = set(kept_inputs or ())
 
     price, calibration = 0.0, []
     if calibration_tasks:
@@ -185,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             logits = choice_logits(model, router, tokenizer, task, length, args.rows, args.seed, kept_inputs)
             logits_per_cell[f"{task}@{length}"] = logits.tolist()
             table.append(summary(task, suite.kind(task), length, logits, msrs, price))
-    if args.inputs is not None:
+    if args.inputs is not None and set(kept_inputs) != kept_before:  # a file that holds every row stays untouched
         write_inputs(args.inputs, kept_inputs, metadata)
     calibration_table = [summary(task, suite.kind(task), length, logits, msrs, price)
                          for task, length, logits in calibration]

@@ -125,8 +125,10 @@ def test_kept_router_inputs_give_the_logits_the_prompts_give(tmp_path, monkeypat
         raise AssertionError("the kept file holds these rows: nothing is computed")
 
     monkeypatch.setattr(script, "pooled_router_input", refuse)
+    written = (tmp_path / "inputs.safetensors").stat().st_mtime_ns
     again = script.main([*arguments, "--inputs", str(tmp_path / "inputs.safetensors")])
     assert again["logits"] == computed["logits"]
+    assert (tmp_path / "inputs.safetensors").stat().st_mtime_ns == written  # nothing new: the file is not rewritten
     metadata = script.inputs_metadata(str(TINY_BACKBONE), 1, torch.float32)
     with pytest.raises(SystemExit, match="not"):
         script.read_inputs(tmp_path / "inputs.safetensors", metadata)
