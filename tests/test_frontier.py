@@ -8,6 +8,7 @@ import math
 import pytest
 from conftest import load_script
 
+from elastic_attention.errors import InputError
 from elastic_attention.evaluation.frontier import (curve, highest_msr_keeping, plot_pareto, point, routed_by_kind,
                                                    routed_by_task, with_full)
 
@@ -143,6 +144,16 @@ def test_the_plot_draws_every_router_run(tmp_path, monkeypatch):
                 tmp_path / "p.png", by_kind=("heads@0.25", "sparse"))
     assert drawn == ["joint searched head set", "retrieval-score static hybrid", "full attention", "all SSA",
                      "by task kind, no router (heads@0.25 / sparse)", "elastic: first", "elastic: second"]
+    # more runs than colours: each still drawn, in a style of its own; more than the styles: refused, none dropped
+    from elastic_attention.evaluation.frontier import ROUTER_STYLES
+
+    drawn.clear()
+    many = {f"run {index}": rows() for index in range(9)}
+    plot_pareto([row for row in rows() if row["mode"] != "elastic"], many, [16384], tmp_path / "many.png")
+    assert [label for label in drawn if label.startswith("elastic")] == [f"elastic: run {index}" for index in range(9)]
+    with pytest.raises(InputError, match="router runs for one plot"):
+        plot_pareto(rows(), {f"run {index}": rows() for index in range(len(ROUTER_STYLES) + 1)}, [16384],
+                    tmp_path / "too_many.png")
 
 
 def test_real_model_bars_compare_elastic_with_the_searched_set_at_its_msr():

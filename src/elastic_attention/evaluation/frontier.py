@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastic_attention.errors import InputError
+
 #: Curve families: mode prefix -> label.
 CURVES = {"heads@": "joint searched head set", "static@": "retrieval-score static hybrid"}
 
@@ -133,6 +135,11 @@ def with_full(cells: Sequence[dict], frontier: Sequence[dict]) -> list[dict]:
     return [*cells, *(row for row in frontier if row["mode"] == "full" and (row["task"], row["length"]) not in own)]
 
 
+#: (marker, colour) of each router run's point, in turn: colours the curves and the by-kind point do not use.
+ROUTER_STYLES = tuple((marker, color) for marker in ("D", "s", "^")
+                      for color in ("C3", "C4", "C5", "C6", "C8", "C9", "C7"))
+
+
 def plot_pareto(frontier: Sequence[dict], routers: dict[str, Sequence[dict]], lengths: Sequence[int],
                 path: str | Path, by_kind: tuple[str, str] | None = None) -> Path:
     """Mean retention over the tasks against mean MSR, one panel per length: the ``heads@`` and ``static@`` curves
@@ -146,6 +153,8 @@ def plot_pareto(frontier: Sequence[dict], routers: dict[str, Sequence[dict]], le
         lengths: prompt lengths, one panel each.
         path: PNG file to write.
     """
+    if len(routers) > len(ROUTER_STYLES):
+        raise InputError(f"{len(routers)} router runs for one plot, which tells {len(ROUTER_STYLES)} apart: plot fewer")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,10 +174,10 @@ def plot_pareto(frontier: Sequence[dict], routers: dict[str, Sequence[dict]], le
         if found is not None:
             axis.plot(found.msr, found.retention, "o", markerfacecolor="none", color="C2", markersize=10,
                       label=f"by task kind, no router ({by_kind[0]} / {by_kind[1]})")
-        for (label, rows), color in zip(routers.items(), ("C3", "C4", "C5", "C6", "C8", "C9")):
+        for (label, rows), (marker, color) in zip(routers.items(), ROUTER_STYLES):
             found = point(with_full(rows, frontier), "elastic", length)
             if found is not None:
-                axis.plot(found.msr, found.retention, "D", color=color, markersize=8, label=f"elastic: {label}")
+                axis.plot(found.msr, found.retention, marker, color=color, markersize=8, label=f"elastic: {label}")
         axis.set_title(f"{length // 1024}K tokens" if length % 1024 == 0 else f"{length} tokens")
         axis.set_xlabel("average MSR (share of KV heads on sparse attention)")
         axis.set_ylabel("mean retention (accuracy / full attention's)")
