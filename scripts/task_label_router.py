@@ -1,0 +1,111 @@
+"""How well could a head-set router sort unseen prompts if it were told each training prompt's right set? Fits the
+project's `HeadSetRouter` (same network, per-head standardization) by cross-entropy to a fixed set per task on the
+router inputs of a training run's packs (its ``set_losses.safetensors``), then scores the rows kept by
+`scripts/head_set_choices.py --inputs`: per task and length, the share of rows on each set. No objective a router
+is trained with can sort those rows better than its inputs and training rows allow, so this is a ceiling on the
+routing itself, not on the sparsity objective; a router trained with the objective that falls short of it on the
+same rows loses to the objective, one that matches it loses to the inputs or the rows.
+
+    python scripts/task_label_router.py \\
+        --set-losses benchmarks/results/real_model_1.5b_set_losses_per_task_2026-12-06.safetensors \\
+        --inputs benchmarks/results/real_model_1.5b_eval_router_inputs_cpu_2026-12-06.safetensors \\
+        --sets multikey=0,passkey=1,find_definition=1,next_line=2,recent_fact=2,pattern=2 --out choices.json
+
+--out writes the choices as `scripts/head_set_choices.py` does (``set_msrs`` and each row's ``logits`` per
+``task@length``), so `scripts/row_outcomes.py --predict` scores them with the cells each set was measured in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+
+def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float]]:
+    """([M, Hkv, D] float32 router inputs of every sample of every saved pack, each sample's task, the sets' MSRs)."""
+    from safetensors import safe_open
+
+    with safe_open(str(set_losses), "pt") as handle:
+        metadata = handle.metadata() or {}
+        tasks = json.loads(metadata["tasks"])
+        inputs, names = [], []
+        for index in sorted(tasks, key=int):
+            inputs.append(handle.get_tensor(f"{index}.router_input"))
+            names += tasks[index]
+    return torch.cat(inputs).float(), names, json.loads(metadata["set_msrs"])
+
+
+def fit(inputs: torch.Tensor, labels: torch.Tensor, choices: int, steps: int, seed: int, width: int = 4):
+    """A standardizing `HeadSetRouter` fitted to ``labels`` ([M] set indices) on ``inputs`` [M, Hkv, D]: Adam at
+    1e-3, batches of 12 rows drawn with ``seed``."""
+    from elastic_attention.router import HeadSetRouter
+
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    router = HeadSetRouter(inputs.shape[2], width, inputs.shape[1], choices, routed_layers=1, standardize=True)
+    router.set_feature_statistics(inputs)
+    optimizer = torch.optim.Adam(router.parameters(), lr=1e-3)
+    for _ in range(steps):
+        batch = torch.randint(0, len(inputs), (12,), generator=generator)
+        loss = torch.nn.functional.cross_entropy(router.choice_logits(inputs[batch]), labels[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return router.eval()
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    from elastic_attention.bench.timing import run_header
+    from elastic_attention.io import atomic_write_text
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set-losses", type=Path, required=True, help="a training run's set_losses.safetensors")
+    parser.add_argument("--inputs", type=Path, required=True, help="scripts/head_set_choices.py's --inputs file")
+    parser.add_argument("--sets", required=True, help="comma list task=set index for every task of the training rows")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="JSON file for the choices (head_set_choices.py's format)")
+    args = parser.parse_args(argv)
+
+    inputs, names, set_msrs = training_rows(args.set_losses)
+    target = {}
+    for item in args.sets.split(","):
+        task, _, index = item.partition("=")
+        if not index.isdigit() or not int(index) < len(set_msrs):
+            parser.error(f"--sets entry {item!r}: give task=INDEX with INDEX below {len(set_msrs)} (the file's sets)")
+        target[task] = int(index)
+    missing = sorted(set(names) - set(target))
+    if missing:
+        parser.error(f"--sets gives no set for the training rows' tasks {missing}: add task=INDEX for each")
+    router = fit(inputs, torch.tensor([target[name] for name in names]), len(set_msrs), args.steps, args.seed)
+    with torch.no_grad():
+        trained = (router.choice_logits(inputs).argmax(-1) == torch.tensor([target[n] for n in names])).float().mean()
+    print(f"{len(names)} training rows, {float(trained):.1%} on their task's set after {args.steps} steps; "
+          f"sets (MSR): {', '.join(f'{msr:.3f}' for msr in set_msrs)}")
+
+    from safetensors import safe_open
+
+    logits = {}
+    with safe_open(str(args.inputs), "pt") as handle:
+        for key in sorted(handle.keys()):
+            task, length = key.split("@")[:2]
+            with torch.no_grad():
+                row_logits = router.choice_logits(handle.get_tensor(key).float()).double()
+            logits[f"{task}@{length}"] = row_logits.tolist()
+            shares = torch.bincount(row_logits.argmax(-1), minlength=len(set_msrs)).double() / len(row_logits)
+            print(f"  {task:18} {length:>6}  {' '.join(f'{share:.2f}' for share in shares.tolist())}")
+    document = {**run_header(torch.device("cpu")), "set_losses": str(args.set_losses), "inputs": str(args.inputs),
+                "sets": target, "steps": args.steps, "seed": args.seed, "set_msrs": set_msrs,
+                "training_rows_on_their_set": float(trained), "logits": logits}
+    if args.out is not None:
+        atomic_write_text(args.out, json.dumps(document, indent=1))
+    return document
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,55 @@
+"""scripts/task_label_router.py: fitted on a training run's router inputs with a set per task, it sorts unseen rows
+as their inputs allow, and writes choices `scripts/row_outcomes.py --predict` reads."""
+
+import json
+
+import pytest
+import torch
+from conftest import load_script
+from safetensors.torch import save_file
+
+
+def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path):
+    """Oracle: inputs whose first coordinate of head 0 is +3 for task a and -3 for task b, the rest noise. Unseen
+    rows on each side go to that side's set; a row of a third task placed on a's side goes to a's set."""
+    script = load_script("task_label_router")
+    generator = torch.Generator().manual_seed(0)
+
+    def rows(sign: float, count: int) -> torch.Tensor:
+        inputs = torch.randn(count, 2, 8, generator=generator)
+        inputs[:, 0, 0] += 3.0 * sign
+        return inputs
+
+    packs = {"0": ["a", "b", "a"], "1": ["b", "a"], "2": ["a", "b", "b", "a"]}
+    tensors = {}
+    for index, tasks in packs.items():
+        tensors[f"{index}.router_input"] = torch.cat([rows(1.0 if task == "a" else -1.0, 1) for task in tasks])
+        tensors[f"{index}.losses"] = torch.zeros(len(tasks), 3)
+        tensors[f"{index}.tokens"] = torch.ones(len(tasks), dtype=torch.int64)
+    for repeat in range(20):  # more packs of the same two tasks, so the fit has rows enough
+        tensors[f"{3 + repeat}.router_input"] = torch.cat([rows(1.0, 1), rows(-1.0, 1)])
+        tensors[f"{3 + repeat}.losses"] = torch.zeros(2, 3)
+        tensors[f"{3 + repeat}.tokens"] = torch.ones(2, dtype=torch.int64)
+        packs[str(3 + repeat)] = ["a", "b"]
+    save_file(tensors, tmp_path / "set_losses.safetensors",
+              metadata={"tasks": json.dumps(packs), "set_msrs": json.dumps([0.0, 0.5, 1.0])})
+    save_file({"a@600@0@6": rows(1.0, 6), "b@600@0@6": rows(-1.0, 6), "c@600@0@6": rows(1.0, 6)},
+              tmp_path / "inputs.safetensors")
+
+    document = script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
+                            str(tmp_path / "inputs.safetensors"), "--sets", "a=0,b=2", "--steps", "300",
+                            "--out", str(tmp_path / "choices.json")])
+    assert document["training_rows_on_their_set"] == 1.0 and document["set_msrs"] == [0.0, 0.5, 1.0]
+    chosen = {cell: torch.tensor(logits).argmax(-1).tolist() for cell, logits in document["logits"].items()}
+    assert chosen == {"a@600": [0] * 6, "b@600": [2] * 6, "c@600": [0] * 6}
+    assert json.loads((tmp_path / "choices.json").read_text())["logits"] == document["logits"]
+    # the format row_outcomes reads: the MSR of each row's chosen set
+    outcomes = load_script("row_outcomes")
+    assert outcomes.chosen_msrs(document, "b", 600) == [1.0] * 6
+
+    with pytest.raises(SystemExit):  # a task of the training rows without a set
+        script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
+                     str(tmp_path / "inputs.safetensors"), "--sets", "a=0"])
+    with pytest.raises(SystemExit):  # a set the file does not have
+        script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
+                     str(tmp_path / "inputs.safetensors"), "--sets", "a=0,b=3"])
