@@ -11,8 +11,11 @@ same rows loses to the objective, one that matches it loses to the inputs or the
         --inputs benchmarks/results/real_model_1.5b_eval_router_inputs_cpu_2026-12-06.safetensors \\
         --sets multikey=0,passkey=1,find_definition=1,next_line=2,recent_fact=2,pattern=2 --out choices.json
 
---out writes the choices as `scripts/head_set_choices.py` does (``set_msrs`` and each row's ``logits`` per
-``task@length``), so `scripts/row_outcomes.py --predict` scores them with the cells each set was measured in.
+--train-inputs adds the rows of other kept inputs files (`head_set_choices.py --inputs`, drawn with a seed apart from
+the evaluation's) to the training rows: whether more rows would sort the evaluation rows better, before any GPU
+computes their losses. --out writes the choices as `scripts/head_set_choices.py` does (``set_msrs`` and each row's
+``logits`` per ``task@length``), so `scripts/row_outcomes.py --predict` scores them with the cells each set was
+measured in.
 """
 
 from __future__ import annotations
@@ -38,6 +41,20 @@ def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float
             inputs.append(handle.get_tensor(f"{index}.router_input"))
             names += tasks[index]
     return torch.cat(inputs).float(), names, json.loads(metadata["set_msrs"])
+
+
+def kept_rows(path: Path) -> dict[str, torch.Tensor]:
+    """Each cell of a `head_set_choices.py --inputs` file: ``task@length@seed@rows`` -> [rows, Hkv, D] float32."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as handle:
+        return {key: handle.get_tensor(key).float() for key in sorted(handle.keys())}
+
+
+def drawn_alike(first: dict, second: dict) -> list[str]:
+    """The cells of ``first`` whose task, length and seed a cell of ``second`` shares: the same prompts."""
+    drawn = {tuple(key.split("@")[:3]) for key in second}
+    return [key for key in first if tuple(key.split("@")[:3]) in drawn]
 
 
 def fit(inputs: torch.Tensor, labels: torch.Tensor, choices: int, steps: int, seed: int, width: int = 4):
@@ -66,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set-losses", type=Path, required=True, help="a training run's set_losses.safetensors")
     parser.add_argument("--inputs", type=Path, required=True, help="scripts/head_set_choices.py's --inputs file")
+    parser.add_argument("--train-inputs", type=Path, action="append", default=[],
+                        help="a kept inputs file whose rows join the training rows (repeatable)")
     parser.add_argument("--sets", required=True, help="comma list task=set index for every task of the training rows")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
@@ -73,6 +92,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     inputs, names, set_msrs = training_rows(args.set_losses)
+    evaluation = kept_rows(args.inputs)
+    for path in args.train_inputs:
+        cells = kept_rows(path)
+        shared = drawn_alike(cells, evaluation)
+        if shared:
+            parser.error(f"{path} holds evaluation rows ({', '.join(shared)}): draw training rows with another seed")
+        for key, rows in cells.items():
+            if rows.shape[1:] != inputs.shape[1:]:
+                parser.error(f"{path} holds router inputs of shape {list(rows.shape[1:])}, the set losses "
+                             f"{list(inputs.shape[1:])}: another model or router layer")
+            inputs, names = torch.cat([inputs, rows]), names + [key.split("@")[0]] * len(rows)
     target = {}
     for item in args.sets.split(","):
         task, _, index = item.partition("=")
@@ -88,18 +118,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(f"{len(names)} training rows, {float(trained):.1%} on their task's set after {args.steps} steps; "
           f"sets (MSR): {', '.join(f'{msr:.3f}' for msr in set_msrs)}")
 
-    from safetensors import safe_open
-
     logits = {}
-    with safe_open(str(args.inputs), "pt") as handle:
-        for key in sorted(handle.keys()):
-            task, length = key.split("@")[:2]
-            with torch.no_grad():
-                row_logits = router.choice_logits(handle.get_tensor(key).float()).double()
-            logits[f"{task}@{length}"] = row_logits.tolist()
-            shares = torch.bincount(row_logits.argmax(-1), minlength=len(set_msrs)).double() / len(row_logits)
-            print(f"  {task:18} {length:>6}  {' '.join(f'{share:.2f}' for share in shares.tolist())}")
+    for key, rows in evaluation.items():
+        task, length = key.split("@")[:2]
+        with torch.no_grad():
+            row_logits = router.choice_logits(rows).double()
+        logits[f"{task}@{length}"] = row_logits.tolist()
+        shares = torch.bincount(row_logits.argmax(-1), minlength=len(set_msrs)).double() / len(row_logits)
+        print(f"  {task:18} {length:>6}  {' '.join(f'{share:.2f}' for share in shares.tolist())}")
     document = {**run_header(torch.device("cpu")), "set_losses": str(args.set_losses), "inputs": str(args.inputs),
+                "train_inputs": [str(path) for path in args.train_inputs],
                 "sets": target, "steps": args.steps, "seed": args.seed, "set_msrs": set_msrs,
                 "training_rows_on_their_set": float(trained), "logits": logits}
     if args.out is not None:

@@ -10,14 +10,14 @@ from safetensors.torch import save_file
 
 
 def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path):
-    """Oracle: inputs whose first coordinate of head 0 is +3 for task a and -3 for task b, the rest noise. Unseen
+    """Oracle: inputs whose first coordinate of head 0 is +6 for task a and -6 for task b, the rest noise. Unseen
     rows on each side go to that side's set; a row of a third task placed on a's side goes to a's set."""
     script = load_script("task_label_router")
     generator = torch.Generator().manual_seed(0)
 
     def rows(sign: float, count: int) -> torch.Tensor:
         inputs = torch.randn(count, 2, 8, generator=generator)
-        inputs[:, 0, 0] += 3.0 * sign
+        inputs[:, 0, 0] += 6.0 * sign
         return inputs
 
     packs = {"0": ["a", "b", "a"], "1": ["b", "a"], "2": ["a", "b", "b", "a"]}
@@ -47,6 +47,16 @@ def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path):
     outcomes = load_script("row_outcomes")
     assert outcomes.chosen_msrs(document, "b", 600) == [1.0] * 6
 
+    # more training rows from a kept inputs file drawn with another seed join the fit; the evaluation's own are refused
+    save_file({"a@600@7@4": rows(1.0, 4), "b@600@7@4": rows(-1.0, 4)}, tmp_path / "more.safetensors")
+    more = script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
+                        str(tmp_path / "inputs.safetensors"), "--train-inputs", str(tmp_path / "more.safetensors"),
+                        "--sets", "a=0,b=2", "--steps", "300"])
+    assert {cell: torch.tensor(logits).argmax(-1).tolist() for cell, logits in more["logits"].items()} == chosen
+    with pytest.raises(SystemExit):
+        script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
+                     str(tmp_path / "inputs.safetensors"), "--train-inputs", str(tmp_path / "inputs.safetensors"),
+                     "--sets", "a=0,b=2,c=0"])
     with pytest.raises(SystemExit):  # a task of the training rows without a set
         script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
                      str(tmp_path / "inputs.safetensors"), "--sets", "a=0"])
