@@ -62,18 +62,24 @@ def inputs_metadata(model_folder: str, layer: int, dtype: torch.dtype) -> dict[s
     return {"model": Path(model_folder).resolve().name, "layer": str(layer), "dtype": str(dtype)}
 
 
-def read_inputs(path: Path, metadata: dict[str, str]) -> dict[str, torch.Tensor]:
-    """The pooled keys an earlier call kept in ``path`` (safetensors; key ``task@length@seed@rows``), or nothing
-    when there is no file yet. Refuses a file written for another model, router layer or dtype."""
+def kept_inputs(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """What a kept inputs file holds: ``task@length@seed@rows`` -> [rows, Hkv, D] float32 pooled keys, in key
+    order, and the metadata they were written with (`inputs_metadata`)."""
     from safetensors import safe_open
 
+    with safe_open(str(path), "pt") as handle:
+        return ({key: handle.get_tensor(key).float() for key in sorted(handle.keys())}, handle.metadata() or {})
+
+
+def read_inputs(path: Path, metadata: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The pooled keys an earlier call kept in ``path`` (`kept_inputs`), or nothing when there is no file yet.
+    Refuses a file written for another model, router layer or dtype."""
     if not path.exists():
         return {}
-    with safe_open(str(path), "pt") as handle:
-        written = handle.metadata() or {}
-        if written != metadata:
-            raise SystemExit(f"{path} holds router inputs of {written}, not {metadata}: name another --inputs file")
-        return {key: handle.get_tensor(key) for key in handle.keys()}
+    cells, written = kept_inputs(path)
+    if written != metadata:
+        raise SystemExit(f"{path} holds router inputs of {written}, not {metadata}: name another --inputs file")
+    return cells
 
 
 def write_inputs(path: Path, inputs: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:

@@ -256,17 +256,17 @@ def mode_msrs_of(results: Sequence[dict], modes: Sequence[str], length: int) -> 
     return found
 
 
-def elastic_losses(scores: dict, task: str, length: int, mode: str = "elastic") -> list[int]:
+def losses_against_full(scores: dict, task: str, length: int, mode: str = "elastic") -> list[int]:
     """The rows (indices) of ``task`` at ``length`` on which full attention scores higher than ``mode``."""
     full, other = scores[("full", task, length)], scores[(mode, task, length)]
     return [index for index, (f, e) in enumerate(zip(full, other)) if f > e]
 
 
 def mode_losses(scores: dict, modes: Sequence[str], length: int) -> dict[str, dict[str, list[int]]]:
-    """mode -> task -> the rows full attention scores higher on (`elastic_losses`), for every task measured with
+    """mode -> task -> the rows full attention scores higher on (`losses_against_full`), for every task measured with
     both at ``length``."""
     tasks = dict.fromkeys(task for _, task, at in scores if at == length and ("full", task, length) in scores)
-    return {mode: {task: elastic_losses(scores, task, length, mode) for task in tasks if (mode, task, length) in scores}
+    return {mode: {task: losses_against_full(scores, task, length, mode) for task in tasks if (mode, task, length) in scores}
             for mode in modes}
 
 
@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for task in dict.fromkeys(r["task"] for r in results if r["length"] == length):
             if ("elastic", task, length) not in scores or ("full", task, length) not in scores:
                 continue
-            lost = elastic_losses(scores, task, length)
+            lost = losses_against_full(scores, task, length)
             msrs = chosen_msrs(choices, task, length, len(scores[("full", task, length)])) if choices else None
             on_sets = [f"{msrs[i]:.3f}" for i in lost] if msrs else []
             losses[task] = {"rows": lost, "chosen_set_msr": on_sets}

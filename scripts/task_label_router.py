@@ -28,6 +28,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from head_set_choices import kept_inputs  # noqa: E402
+
 
 def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float]]:
     """([M, Hkv, D] float32 router inputs of every sample of every saved pack, each sample's task, the sets' MSRs)."""
@@ -41,14 +44,6 @@ def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float
             inputs.append(handle.get_tensor(f"{index}.router_input"))
             names += tasks[index]
     return torch.cat(inputs).float(), names, json.loads(metadata["set_msrs"])
-
-
-def kept_rows(path: Path) -> dict[str, torch.Tensor]:
-    """Each cell of a `head_set_choices.py --inputs` file: ``task@length@seed@rows`` -> [rows, Hkv, D] float32."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as handle:
-        return {key: handle.get_tensor(key).float() for key in sorted(handle.keys())}
 
 
 def drawn_alike(first: dict, second: dict) -> list[str]:
@@ -92,9 +87,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     inputs, names, set_msrs = training_rows(args.set_losses)
-    evaluation = kept_rows(args.inputs)
+    evaluation, _ = kept_inputs(args.inputs)
+    more = [inputs]
     for path in args.train_inputs:
-        cells = kept_rows(path)
+        cells, _ = kept_inputs(path)
         shared = drawn_alike(cells, evaluation)
         if shared:
             parser.error(f"{path} holds evaluation rows ({', '.join(shared)}): draw training rows with another seed")
@@ -102,7 +98,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
             if rows.shape[1:] != inputs.shape[1:]:
                 parser.error(f"{path} holds router inputs of shape {list(rows.shape[1:])}, the set losses "
                              f"{list(inputs.shape[1:])}: another model or router layer")
-            inputs, names = torch.cat([inputs, rows]), names + [key.split("@")[0]] * len(rows)
+            more.append(rows)
+            names += [key.split("@")[0]] * len(rows)
+    inputs = torch.cat(more)
     target = {}
     for item in args.sets.split(","):
         task, _, index = item.partition("=")

@@ -54,8 +54,8 @@ def test_ceiling_full_or_sparse_and_losses_match_a_brute_force_count():
     only_full = point([*script.best_of_rows(scores, LENGTH, modes=["full"]), *full], script.CEILING, LENGTH)
     assert only_full.retention == pytest.approx(1.0)
 
-    assert script.elastic_losses(scores, "needle_single", LENGTH) == [1, 5]
-    assert script.elastic_losses(scores, "local_recall", LENGTH) == [2]
+    assert script.losses_against_full(scores, "needle_single", LENGTH) == [1, 5]
+    assert script.losses_against_full(scores, "local_recall", LENGTH) == [2]
     choices = {"set_msrs": [0.25, 0.5, 1.0], "logits": {f"needle_single@{LENGTH}": [[0, 3, 1]] * 5 + [[9, 0, 0]] * 2}}
     assert script.chosen_msrs(choices, "needle_single", LENGTH) == [0.5] * 5 + [0.25] * 2
     assert script.chosen_msrs(choices, "local_recall", LENGTH) is None
