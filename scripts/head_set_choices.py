@@ -56,10 +56,11 @@ def choice_logits(model, router, tokenizer, task: str, length: int, rows: int, s
         return router.choice_logits(pooled.to(router.head_sets.device)).double().cpu()
 
 
-def inputs_metadata(model_folder: str, layer: int, dtype: torch.dtype) -> dict[str, str]:
+def inputs_metadata(model_folder: str, layer: int, dtype: torch.dtype, pooling: tuple[int, int]) -> dict[str, str]:
     """What the pooled keys depend on besides the rows: the model (its folder's name, so that a kept file serves the
-    same model in another checkout), the router's layer, the dtype."""
-    return {"model": Path(model_folder).resolve().name, "layer": str(layer), "dtype": str(dtype)}
+    same model in another checkout), the router's layer, the dtype and the pooled spans (pool_first, pool_last)."""
+    return {"model": Path(model_folder).resolve().name, "layer": str(layer), "dtype": str(dtype),
+            "pooling": "{} + {}".format(*pooling)}
 
 
 def kept_inputs(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from elastic_attention.cli import parse_length
     from elastic_attention.evaluation.pipeline import load_backbone, resolve_tasks
     from elastic_attention.evaluation.suites import get_suite
-    from elastic_attention.integration import routers_of
+    from elastic_attention.integration import routers_of, runtime_of
     from elastic_attention.io import atomic_write_text
     from elastic_attention.router import HeadSetRouter
 
@@ -169,7 +170,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     router.eval()
     suite = get_suite(args.suite)
     msrs = router.set_msrs().cpu()
-    metadata = inputs_metadata(args.model, layer, next(model.parameters()).dtype)
+    elastic = runtime_of(model).config
+    metadata = inputs_metadata(args.model, layer, next(model.parameters()).dtype,
+                               (elastic.pool_first, elastic.pool_last))
     kept_inputs = read_inputs(args.inputs, metadata) if args.inputs is not None else None
     kept_before = set(kept_inputs or ())
 

@@ -25,30 +25,13 @@ from pathlib import Path
 import torch
 
 
-class _Captured(Exception):
-    """Raised by the router's pre-hook once it holds its input: the rest of the forward is not needed."""
-
-
 def pooled_router_input(model, router, input_ids: torch.Tensor) -> torch.Tensor:
     """[N, Hkv, D] float32 on the CPU: what ``router`` (a router of ``model``'s attached runtime) reads for the
     prompts ``input_ids`` [N, T], its layer's boundary-pooled pre-RoPE keys. The forward stops there."""
-    seen: list[torch.Tensor] = []
+    from elastic_attention.integration.routing import read_router_input
 
-    def capture(module, args):
-        seen.append(args[0].detach().float().cpu())
-        raise _Captured
-
-    hook = router.register_forward_pre_hook(capture)
-    try:
-        with torch.no_grad():
-            model(input_ids=input_ids.to(next(model.parameters()).device), use_cache=False, logits_to_keep=1)
-    except _Captured:
-        pass
-    finally:
-        hook.remove()
-    if not seen:
-        raise RuntimeError("the forward never reached the router: is it a router of this model?")
-    return seen[0]
+    device = next(model.parameters()).device
+    return read_router_input(router, lambda: model(input_ids=input_ids.to(device), use_cache=False, logits_to_keep=1))
 
 
 def router_inputs(model, tokenizer, suite: str, tasks: Sequence[str], lengths: Sequence[int], rows: int, layer: int,

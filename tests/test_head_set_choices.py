@@ -129,6 +129,9 @@ def test_kept_router_inputs_give_the_logits_the_prompts_give(tmp_path, monkeypat
     again = script.main([*arguments, "--inputs", str(tmp_path / "inputs.safetensors")])
     assert again["logits"] == computed["logits"]
     assert (tmp_path / "inputs.safetensors").stat().st_mtime_ns == written  # nothing new: the file is not rewritten
-    metadata = script.inputs_metadata(str(TINY_BACKBONE), 1, torch.float32)
-    with pytest.raises(SystemExit, match="not"):
-        script.read_inputs(tmp_path / "inputs.safetensors", metadata)
+    written_with = script.inputs_metadata(str(TINY_BACKBONE), 0, torch.float32, (100, 100))
+    assert script.read_inputs(tmp_path / "inputs.safetensors", written_with)  # the control
+    for other in (script.inputs_metadata(str(TINY_BACKBONE), 1, torch.float32, (100, 100)),
+                  script.inputs_metadata(str(TINY_BACKBONE), 0, torch.float32, (50, 30))):
+        with pytest.raises(SystemExit, match="not"):
+            script.read_inputs(tmp_path / "inputs.safetensors", other)

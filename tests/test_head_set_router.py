@@ -341,11 +341,11 @@ def test_a_forced_head_set_runs_that_set_for_every_prompt_and_keeps_what_the_rou
         force_head_set(per_head, 0)
 
 
-def _expected_trainer(tmp_path, backbone, lm_loss="cross_entropy", **extra):
+def _expected_trainer(tmp_path, backbone, lm_loss="cross_entropy", pooling=None, **extra):
     tmp_path.mkdir(parents=True, exist_ok=True)
     search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
     elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3,
-               "router_standardize": True}
+               "router_standardize": True, **(pooling or {})}
     config = TrainConfig.from_yaml(write_config(tmp_path, backbone, "run", elastic=elastic, checkpoint_every=0,
                                                 initial_full_heads=str(search), head_set_choices_msrs=[0.0, 0.75, 1.0],
                                                 initial_full_probability=0.5, head_set_objective="expected",
@@ -480,6 +480,35 @@ def test_a_run_given_the_set_losses_file_trains_the_same_router_without_a_backbo
             torch.testing.assert_close(new, old, rtol=0, atol=0)
     torch.testing.assert_close(second.objective.lambda1, first.objective.lambda1, rtol=0, atol=0)
     assert [row["lm_loss"] for row in second.history] == [row["lm_loss"] for row in first.history]
+
+
+def test_a_run_pooling_other_spans_keeps_the_files_losses_and_reads_its_router_inputs_again(tmp_path,
+                                                                                            random_suite_backbone):
+    """Oracle: a run pooling those spans that computes its packs' losses itself. Given the file of a run that pooled
+    the default spans, a run pooling others keeps the file's losses and token counts and holds that run's inputs."""
+    from safetensors import safe_open
+
+    first = _expected_trainer(tmp_path / "a", random_suite_backbone, steps=1)
+    written = first.finish(first.train())["set_losses"]
+    with safe_open(written, "pt") as handle:
+        assert json.loads(handle.metadata()["router_pooling"]) == [100, 100]
+    spans = {"pool_first": 5, "pool_last": 3}
+    own = _expected_trainer(tmp_path / "b", random_suite_backbone, steps=1, pooling=spans)
+    own.train()
+    read = _expected_trainer(tmp_path / "c", random_suite_backbone, steps=1, pooling=spans, set_losses_file=written)
+    shared = [pack for pack in own.packs if id(pack) in own.set_losses]
+    assert shared
+    for index, pack in enumerate(own.packs):
+        if id(pack) not in own.set_losses:
+            continue
+        losses, router_input, tokens = own.set_losses[id(pack)]
+        file_losses, file_input, file_tokens = first.set_losses[id(first.packs[index])]
+        read_losses, read_input, read_tokens = read.set_losses[id(read.packs[index])]
+        torch.testing.assert_close(read_losses, file_losses, rtol=0, atol=0)
+        torch.testing.assert_close(losses, file_losses, rtol=1e-5, atol=1e-5)  # the losses ignore the pooling
+        assert torch.equal(read_tokens, tokens) and torch.equal(file_tokens, tokens)
+        torch.testing.assert_close(read_input, router_input, rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(file_input, router_input)  # the control: other spans, other inputs
 
 
 def test_a_set_losses_file_of_other_packs_or_sets_is_refused(tmp_path, random_suite_backbone):

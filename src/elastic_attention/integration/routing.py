@@ -11,6 +11,8 @@ recomputed in the backward pass (gradient checkpointing) routes the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from elastic_attention.config import ElasticConfig
@@ -158,3 +160,34 @@ class ModelRouting:
             seed = int(torch.randint(0, 2**62, (1,), generator=source, device=source.device if source else "cpu"))
             self._noise_seeds[layer_index] = seed
         return torch.Generator(device).manual_seed(seed)
+
+
+class _RouterInputRead(Exception):
+    """Raised by `read_router_input`'s hook once the router holds its input: the rest of the forward is not needed."""
+
+
+def read_router_input(router: torch.nn.Module, forward: Callable[[], object]) -> torch.Tensor:
+    """[N, Hkv, D] float32 on the CPU: what ``router`` (a router of an attached model) reads in the forward that
+    ``forward`` runs, its layer's pooled pre-RoPE keys. The forward stops there: nothing after the router's input is
+    computed, so a first routed layer's input costs the embeddings and one projection.
+
+    Raises:
+        RuntimeError: the forward never reached the router (not a router of the model ``forward`` runs).
+    """
+    seen: list[torch.Tensor] = []
+
+    def capture(module, args):
+        seen.append(args[0].detach().float().cpu())
+        raise _RouterInputRead
+
+    hook = router.register_forward_pre_hook(capture)
+    try:
+        with torch.no_grad():
+            forward()
+    except _RouterInputRead:
+        pass
+    finally:
+        hook.remove()
+    if not seen:
+        raise RuntimeError("the forward never reached the router: is it a router of this model?")
+    return seen[0]

@@ -7,12 +7,16 @@ sets are fixed, so a run with the same model, data and sets would compute the sa
 starts from them, so that trying other targets, temperatures or learning rates costs only the router's steps: no
 forward of the backbone at all when every pack is in the file (the routers' input statistics come from the file
 too), on a CPU as well. A run under ``distributed: ddp`` writes the packs of its first process only; a run reading
-the file runs the others' forwards.
+the file runs the others' forwards. The losses do not depend on what the router reads: a run that pools other spans
+than the file's (``pool_first``, ``pool_last``) keeps the losses and reads its router's inputs again, each pack's
+forward stopping at layer 0's keys.
 
 Tensors, for the i-th pack of the run's pack list: ``{i}.losses`` [N, C] float32 (each sample's summed token loss
 under each set), ``{i}.router_input`` [N, Hkv, D] float32, ``{i}.tokens`` [N] int64 (supervised tokens per sample).
 Metadata: ``tasks`` (per saved pack, its samples' tasks), ``digests`` (per saved pack, the SHA-256 of its input_ids)
-and ``set_msrs``, which a reading run checks against its own packs and sets.
+and ``set_msrs``, which a reading run checks against its own packs and sets, and ``router_pooling`` ([pool_first,
+pool_last] of the router inputs; files written before it was recorded lack it, and a reading run treats their inputs
+as unknown).
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from elastic_attention.io import atomic_write_bytes
 FORMAT = "elastic-attention set losses 1"
 
 
-def save_set_losses(path: str | Path, packs: list, set_losses: dict[int, tuple], set_msrs: list[float]) -> Path:
+def save_set_losses(path: str | Path, packs: list, set_losses: dict[int, tuple], set_msrs: list[float],
+                    router_pooling: tuple[int, int]) -> Path:
     """Write the entries of ``set_losses`` (id(pack) -> (losses, router_input, tokens)) of the packs in ``packs``,
-    by each pack's index there, atomically."""
+    by each pack's index there, atomically; ``router_pooling`` is the (pool_first, pool_last) of the inputs."""
     from safetensors.torch import save
 
     tensors, tasks, digests = {}, {}, {}
@@ -44,13 +49,15 @@ def save_set_losses(path: str | Path, packs: list, set_losses: dict[int, tuple],
                         f"{index}.tokens": tokens.long().contiguous()})
         tasks[index], digests[index] = list(pack.tasks), _digest(pack)
     metadata = {"format": FORMAT, "tasks": json.dumps(tasks), "digests": json.dumps(digests),
-                "set_msrs": json.dumps([float(msr) for msr in set_msrs])}
+                "set_msrs": json.dumps([float(msr) for msr in set_msrs]),
+                "router_pooling": json.dumps([int(span) for span in router_pooling])}
     atomic_write_bytes(path, save(tensors, metadata=metadata))
     return Path(path)
 
 
-def load_set_losses(path: str | Path, packs: list, set_msrs: list[float]) -> dict[int, tuple]:
-    """id(pack) -> (losses, router_input, tokens) for each pack of ``packs`` that the file at ``path`` holds.
+def load_set_losses(path: str | Path, packs: list, set_msrs: list[float]) -> tuple[dict[int, tuple], tuple | None]:
+    """(id(pack) -> (losses, router_input, tokens) for each pack of ``packs`` that the file at ``path`` holds,
+    the (pool_first, pool_last) its router inputs were pooled with, None where the file does not say).
 
     Raises:
         ConfigError: not such a file, or one written for other packs (their tasks or tokens differ: another data
@@ -76,7 +83,8 @@ def load_set_losses(path: str | Path, packs: list, set_msrs: list[float]) -> dic
                                   "the file of a run with the same model, data settings and tokenizer")
             found[id(packs[index])] = tuple(handle.get_tensor(f"{index}.{name}")
                                             for name in ("losses", "router_input", "tokens"))
-    return found
+    pooling = metadata.get("router_pooling")
+    return found, None if pooling is None else tuple(json.loads(pooling))
 
 
 def _digest(pack) -> str:

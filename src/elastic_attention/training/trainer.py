@@ -30,6 +30,7 @@ from elastic_attention.integration import (
     routing_report,
     runtime_of,
 )
+from elastic_attention.integration.routing import read_router_input
 from elastic_attention.integration.runtime import NOISE_SEED_KWARG, PROMPT_LENGTHS_KWARG
 from elastic_attention.io import atomic_write_text
 from elastic_attention.training.checkpoint import flatten_optimizer, save_checkpoint, unflatten_optimizer
@@ -130,9 +131,11 @@ class RouterTrainer:
         #: the sets are fixed, so a pack's are the same at every visit: its C forwards run at its first visit only.
         self.set_losses: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         if config.set_losses_file is not None:
-            self.set_losses = load_set_losses(config.set_losses_file, self.packs, self._set_msrs())
+            self.set_losses, pooling = load_set_losses(config.set_losses_file, self.packs, self._set_msrs())
             logger.info("%d of %d packs' losses under each set read from %s", len(self.set_losses),
                         len(self.packs), config.set_losses_file)
+            if pooling != self._router_pooling():
+                self._read_router_inputs_again(pooling)
         if config.lm_loss == "distillation" and config.teacher_cache:
             self.teacher_cache = TeacherCache()
             self.lm_loss = functools.partial(distillation_token_losses, teacher_cache=self.teacher_cache)
@@ -204,6 +207,33 @@ class RouterTrainer:
             first.append(pack)
             sequences += len(pack.tasks)
         return first
+
+    def _router_pooling(self) -> tuple[int, int]:
+        elastic = self.config.elastic_config
+        return elastic.pool_first, elastic.pool_last
+
+    def _read_router_inputs_again(self, pooling: tuple[int, int] | None) -> None:
+        """Replace the router inputs of the packs read from ``set_losses_file``, pooled with ``pooling`` (None: the
+        file does not say), by this run's (`read_router_input`: each pack's forward stops at the router)."""
+        read = "with unrecorded spans" if pooling is None else f"over {pooling[0]} + {pooling[1]} tokens"
+        ours = "{} + {} tokens".format(*self._router_pooling())
+        if self.config.distributed == "fsdp":
+            raise ConfigError(f"set_losses_file {self.config.set_losses_file} holds router inputs pooled {read}, this "
+                              f"run pools {ours}: reading them again would stop sharded forwards midway; run it "
+                              "without `distributed: fsdp`")
+        (router,) = routers_of(self.model).values()
+        self.model.eval()
+        try:
+            for pack in self.packs:
+                if id(pack) in self.set_losses:
+                    losses, _, tokens = self.set_losses[id(pack)]
+                    router_input = read_router_input(
+                        router, lambda: forward_pack(self.model, pack, self.device, logits_to_keep=1))
+                    self.set_losses[id(pack)] = (losses, router_input, tokens)
+        finally:
+            self.model.train()
+        logger.info("router inputs of %d packs read again: the file's were pooled %s, this run pools %s",
+                    len(self.set_losses), read, ours)
 
     def _set_msrs(self) -> list[float]:
         """The MSR of each set of the head-set router (``head_set_objective: expected`` trains one)."""
@@ -509,7 +539,8 @@ class RouterTrainer:
         summary = {**summary, "adapter": str(adapter), "config": self.config.to_dict()}
         if self.set_losses:
             summary["set_losses"] = str(save_set_losses(self.output_dir / "set_losses.safetensors", self.packs,
-                                                        self.set_losses, self._set_msrs()))
+                                                        self.set_losses, self._set_msrs(),
+                                                        self._router_pooling()))
         atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
         write_plot(plot_training, self.history, self.output_dir)
         return summary
