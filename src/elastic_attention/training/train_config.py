@@ -143,7 +143,8 @@ class TrainConfig:
         set_losses_file: with ``head_set_objective: expected``, an earlier run's ``set_losses.safetensors`` (the same
             model, data settings and sets): its packs' losses replace their forwards, and their router inputs the
             routers' calibration, so that a run with other targets, temperatures or rates trains only the router
-            (on a CPU too) when the file holds every pack.
+            (on a CPU too) when the file holds every pack. A run pooling other spans than the file's reads its
+            router inputs again (each pack's forward stops at the router).
         initial_router: a router adapter folder (`save_router`'s, e.g. a finished run's ``router/``) to start from:
             its weights, input statistics and pins replace the routers' initialization (no calibration), so a run
             can continue where an earlier one's adapter left off. The optimizer's state and the objective's
