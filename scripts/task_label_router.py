@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from head_set_choices import kept_inputs  # noqa: E402
 
 
-def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float]]:
-    """([M, Hkv, D] float32 router inputs of every sample of every saved pack, each sample's task, the sets' MSRs)."""
+def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float], str | None]:
+    """([M, Hkv, D] float32 router inputs of every sample of every saved pack, each sample's task, the sets' MSRs,
+    the spans the inputs were pooled over as kept inputs files name them (``"40 + 30"``; None: not recorded))."""
     from safetensors import safe_open
 
     with safe_open(str(set_losses), "pt") as handle:
@@ -43,7 +44,9 @@ def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float
         for index in sorted(tasks, key=int):
             inputs.append(handle.get_tensor(f"{index}.router_input"))
             names += tasks[index]
-    return torch.cat(inputs).float(), names, json.loads(metadata["set_msrs"])
+    pooling = metadata.get("router_pooling")
+    pooled = None if pooling is None else "{} + {}".format(*json.loads(pooling))
+    return torch.cat(inputs).float(), names, json.loads(metadata["set_msrs"]), pooled
 
 
 def drawn_alike(first: dict, second: dict) -> list[str]:
@@ -86,11 +89,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, help="JSON file for the choices (head_set_choices.py's format)")
     args = parser.parse_args(argv)
 
-    inputs, names, set_msrs = training_rows(args.set_losses)
-    evaluation, _ = kept_inputs(args.inputs)
+    inputs, names, set_msrs, pooled = training_rows(args.set_losses)
+    evaluation, written = kept_inputs(args.inputs)
+    if pooled is not None and written.get("pooling") not in (None, pooled):
+        parser.error(f"{args.inputs} holds router inputs pooled over {written['pooling']} tokens, the set losses over "
+                     f"{pooled}: score rows pooled as the training rows were")
     more = [inputs]
     for path in args.train_inputs:
-        cells, _ = kept_inputs(path)
+        cells, theirs = kept_inputs(path)
+        if theirs != written:
+            parser.error(f"{path} holds router inputs of {theirs}, {args.inputs} of {written}: another model, layer, "
+                         "dtype or pooling")
         shared = drawn_alike(cells, evaluation)
         if shared:
             parser.error(f"{path} holds evaluation rows ({', '.join(shared)}): draw training rows with another seed")

@@ -33,6 +33,9 @@ def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path):
         packs[str(3 + repeat)] = ["a", "b"]
     save_file(tensors, tmp_path / "set_losses.safetensors",
               metadata={"tasks": json.dumps(packs), "set_msrs": json.dumps([0.0, 0.5, 1.0])})
+    save_file(tensors, tmp_path / "set_losses_pooled.safetensors",
+              metadata={"tasks": json.dumps(packs), "set_msrs": json.dumps([0.0, 0.5, 1.0]),
+                        "router_pooling": json.dumps([100, 100])})
     save_file({"a@600@0@6": rows(1.0, 6), "b@600@0@6": rows(-1.0, 6), "c@600@0@6": rows(1.0, 6)},
               tmp_path / "inputs.safetensors")
 
@@ -57,6 +60,15 @@ def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path):
         script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
                      str(tmp_path / "inputs.safetensors"), "--train-inputs", str(tmp_path / "inputs.safetensors"),
                      "--sets", "a=0,b=2,c=0"])
+    save_file({"a@600@7@4": rows(1.0, 4)}, tmp_path / "other.safetensors", metadata={"pooling": "40 + 30"})
+    with pytest.raises(SystemExit):  # kept with other metadata than the evaluation's inputs
+        script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
+                     str(tmp_path / "inputs.safetensors"), "--train-inputs", str(tmp_path / "other.safetensors"),
+                     "--sets", "a=0,b=2"])
+    save_file({"a@600@0@6": rows(1.0, 6)}, tmp_path / "pooled.safetensors", metadata={"pooling": "40 + 30"})
+    with pytest.raises(SystemExit):  # evaluation rows pooled over other spans than the set losses' training rows
+        script.main(["--set-losses", str(tmp_path / "set_losses_pooled.safetensors"), "--inputs",
+                     str(tmp_path / "pooled.safetensors"), "--sets", "a=0,b=2"])
     with pytest.raises(SystemExit):  # a task of the training rows without a set
         script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
                      str(tmp_path / "inputs.safetensors"), "--sets", "a=0"])
