@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from task_label_router import fit  # noqa: E402
+from task_label_router import fit, set_of_each_task  # noqa: E402
 
 
 def parse_spans(text: str) -> list[tuple[int, int]]:
@@ -99,12 +99,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.train_seed == args.seed:
         parser.error("--train-seed equals --seed: fit on rows apart from the ones the fit is judged on")
-    target = {}
-    for item in args.sets.split(","):
-        task, _, index = item.partition("=")
-        if not index.isdigit() or not int(index) < len(args.set_msrs):
-            parser.error(f"--sets entry {item!r}: give task=INDEX with INDEX below {len(args.set_msrs)} (--set-msrs)")
-        target[task] = int(index)
+    try:
+        target = set_of_each_task(args.sets, len(args.set_msrs))
+    except ValueError as error:
+        parser.error(str(error))
     suite = get_suite(args.suite)
     suite.resolve(list(target))  # unknown names are refused
     evaluation_tasks = resolve_tasks([name for name in args.tasks.split(",") if name], args.suite)

@@ -49,6 +49,21 @@ def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float
     return torch.cat(inputs).float(), names, json.loads(metadata["set_msrs"]), pooled
 
 
+def set_of_each_task(text: str, choices: int) -> dict[str, int]:
+    """``"multikey=0,passkey=1"`` -> {task: set index}, every index below ``choices``.
+
+    Raises:
+        ValueError: an entry that is not task=INDEX with INDEX below ``choices``.
+    """
+    target = {}
+    for item in text.split(","):
+        task, _, index = item.partition("=")
+        if not task or not index.isdigit() or not int(index) < choices:
+            raise ValueError(f"--sets entry {item!r}: give task=INDEX with INDEX below {choices} (the number of sets)")
+        target[task] = int(index)
+    return target
+
+
 def drawn_alike(first: dict, second: dict) -> list[str]:
     """The cells of ``first`` whose task, length and seed a cell of ``second`` shares: the same prompts."""
     drawn = {tuple(key.split("@")[:3]) for key in second}
@@ -110,12 +125,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
             more.append(rows)
             names += [key.split("@")[0]] * len(rows)
     inputs = torch.cat(more)
-    target = {}
-    for item in args.sets.split(","):
-        task, _, index = item.partition("=")
-        if not index.isdigit() or not int(index) < len(set_msrs):
-            parser.error(f"--sets entry {item!r}: give task=INDEX with INDEX below {len(set_msrs)} (the file's sets)")
-        target[task] = int(index)
+    try:
+        target = set_of_each_task(args.sets, len(set_msrs))
+    except ValueError as error:
+        parser.error(str(error))
     missing = sorted(set(names) - set(target))
     if missing:
         parser.error(f"--sets gives no set for the training rows' tasks {missing}: add task=INDEX for each")
