@@ -56,11 +56,17 @@ def choice_logits(model, router, tokenizer, task: str, length: int, rows: int, s
         return router.choice_logits(pooled.to(router.head_sets.device)).double().cpu()
 
 
+def spans_label(pooling: Sequence[int]) -> str:
+    """How a kept inputs file names the spans its keys were pooled over: (40, 30) -> ``"40 + 30"``."""
+    first, last = pooling
+    return f"{first} + {last}"
+
+
 def inputs_metadata(model_folder: str, layer: int, dtype: torch.dtype, pooling: tuple[int, int]) -> dict[str, str]:
     """What the pooled keys depend on besides the rows: the model (its folder's name, so that a kept file serves the
     same model in another checkout), the router's layer, the dtype and the pooled spans (pool_first, pool_last)."""
     return {"model": Path(model_folder).resolve().name, "layer": str(layer), "dtype": str(dtype),
-            "pooling": "{} + {}".format(*pooling)}
+            "pooling": spans_label(pooling)}
 
 
 def kept_inputs(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -74,7 +80,7 @@ def kept_inputs(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 def read_inputs(path: Path, metadata: dict[str, str]) -> dict[str, torch.Tensor]:
     """The pooled keys an earlier call kept in ``path`` (`kept_inputs`), or nothing when there is no file yet.
-    Refuses a file written for another model, router layer or dtype."""
+    Refuses a file written for another model, router layer, dtype or pooled spans."""
     if not path.exists():
         return {}
     cells, written = kept_inputs(path)
@@ -152,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--inputs", type=Path, help="safetensors file keeping the rows' pooled keys (read where it "
-                        "holds them, the rest added): another router of the same layer is then scored in seconds")
+                        "holds them, the rest added): another router of the same layer and spans is then scored in seconds")
     parser.add_argument("--out", type=Path, help="JSON file for the table")
     args = parser.parse_args(argv)
     calibration_tasks = [name for name in args.calibrate_tasks.split(",") if name]

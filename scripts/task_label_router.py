@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from head_set_choices import kept_inputs  # noqa: E402
+from head_set_choices import kept_inputs, spans_label  # noqa: E402
 
 
 def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float], str | None]:
@@ -45,7 +45,7 @@ def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float
             inputs.append(handle.get_tensor(f"{index}.router_input"))
             names += tasks[index]
     pooling = metadata.get("router_pooling")
-    pooled = None if pooling is None else "{} + {}".format(*json.loads(pooling))
+    pooled = None if pooling is None else spans_label(json.loads(pooling))
     return torch.cat(inputs).float(), names, json.loads(metadata["set_msrs"]), pooled
 
 
@@ -106,7 +106,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     inputs, names, set_msrs, pooled = training_rows(args.set_losses)
     evaluation, written = kept_inputs(args.inputs)
-    if pooled is not None and written.get("pooling") not in (None, pooled):
+    if pooled is None or "pooling" not in written:
+        parser.error(f"{args.set_losses if pooled is None else args.inputs} does not record the spans its router "
+                     "inputs were pooled over (written before they were recorded): compute them again")
+    if written["pooling"] != pooled:
         parser.error(f"{args.inputs} holds router inputs pooled over {written['pooling']} tokens, the set losses over "
                      f"{pooled}: score rows pooled as the training rows were")
     more = [inputs]

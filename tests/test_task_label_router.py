@@ -9,7 +9,7 @@ from conftest import load_script
 from safetensors.torch import save_file
 
 
-def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path):
+def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path, capsys):
     """Oracle: inputs whose first coordinate of head 0 is +6 for task a and -6 for task b, the rest noise. Unseen
     rows on each side go to that side's set; a row of a third task placed on a's side goes to a's set."""
     script = load_script("task_label_router")
@@ -32,12 +32,13 @@ def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path):
         tensors[f"{3 + repeat}.tokens"] = torch.ones(2, dtype=torch.int64)
         packs[str(3 + repeat)] = ["a", "b"]
     save_file(tensors, tmp_path / "set_losses.safetensors",
-              metadata={"tasks": json.dumps(packs), "set_msrs": json.dumps([0.0, 0.5, 1.0])})
-    save_file(tensors, tmp_path / "set_losses_pooled.safetensors",
               metadata={"tasks": json.dumps(packs), "set_msrs": json.dumps([0.0, 0.5, 1.0]),
                         "router_pooling": json.dumps([100, 100])})
+    save_file(tensors, tmp_path / "set_losses_unrecorded.safetensors",
+              metadata={"tasks": json.dumps(packs), "set_msrs": json.dumps([0.0, 0.5, 1.0])})
+    pooled = {"pooling": "100 + 100"}
     save_file({"a@600@0@6": rows(1.0, 6), "b@600@0@6": rows(-1.0, 6), "c@600@0@6": rows(1.0, 6)},
-              tmp_path / "inputs.safetensors")
+              tmp_path / "inputs.safetensors", metadata=pooled)
 
     document = script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
                             str(tmp_path / "inputs.safetensors"), "--sets", "a=0,b=2", "--steps", "300",
@@ -51,7 +52,7 @@ def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path):
     assert outcomes.chosen_msrs(document, "b", 600) == [1.0] * 6
 
     # more training rows from a kept inputs file drawn with another seed join the fit; the evaluation's own are refused
-    save_file({"a@600@7@4": rows(1.0, 4), "b@600@7@4": rows(-1.0, 4)}, tmp_path / "more.safetensors")
+    save_file({"a@600@7@4": rows(1.0, 4), "b@600@7@4": rows(-1.0, 4)}, tmp_path / "more.safetensors", metadata=pooled)
     more = script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
                         str(tmp_path / "inputs.safetensors"), "--train-inputs", str(tmp_path / "more.safetensors"),
                         "--sets", "a=0,b=2", "--steps", "300"])
@@ -60,15 +61,24 @@ def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path):
         script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
                      str(tmp_path / "inputs.safetensors"), "--train-inputs", str(tmp_path / "inputs.safetensors"),
                      "--sets", "a=0,b=2,c=0"])
+    capsys.readouterr()
     save_file({"a@600@7@4": rows(1.0, 4)}, tmp_path / "other.safetensors", metadata={"pooling": "40 + 30"})
     with pytest.raises(SystemExit):  # kept with other metadata than the evaluation's inputs
         script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
                      str(tmp_path / "inputs.safetensors"), "--train-inputs", str(tmp_path / "other.safetensors"),
                      "--sets", "a=0,b=2"])
+    assert "another model, layer, dtype or pooling" in capsys.readouterr().err
     save_file({"a@600@0@6": rows(1.0, 6)}, tmp_path / "pooled.safetensors", metadata={"pooling": "40 + 30"})
     with pytest.raises(SystemExit):  # evaluation rows pooled over other spans than the set losses' training rows
-        script.main(["--set-losses", str(tmp_path / "set_losses_pooled.safetensors"), "--inputs",
+        script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
                      str(tmp_path / "pooled.safetensors"), "--sets", "a=0,b=2"])
+    assert "pooled over 40 + 30 tokens, the set losses over 100 + 100" in capsys.readouterr().err
+    for set_losses, inputs in (("set_losses_unrecorded", "inputs"), ("set_losses", "more_unrecorded")):
+        save_file({"a@600@0@6": rows(1.0, 6)}, tmp_path / "more_unrecorded.safetensors")
+        with pytest.raises(SystemExit):  # a file that does not say how its inputs were pooled
+            script.main(["--set-losses", str(tmp_path / f"{set_losses}.safetensors"), "--inputs",
+                         str(tmp_path / f"{inputs}.safetensors"), "--sets", "a=0,b=2"])
+        assert "does not record the spans" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a task of the training rows without a set
         script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
                      str(tmp_path / "inputs.safetensors"), "--sets", "a=0"])
