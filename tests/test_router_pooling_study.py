@@ -50,7 +50,7 @@ def test_span_inputs_are_what_a_router_pooling_those_spans_reads_of_the_whole_pr
             ea.detach(model)
 
 
-def test_each_fit_writes_choices_per_cell_with_the_sets_msrs(tmp_path):
+def test_each_fit_writes_choices_per_cell_with_the_sets_msrs(tmp_path, capsys):
     from elastic_attention.assets import TINY_BACKBONE
 
     script = load_script("router_pooling_study")
@@ -69,3 +69,4 @@ def test_each_fit_writes_choices_per_cell_with_the_sets_msrs(tmp_path):
     with pytest.raises(SystemExit):
         script.main(["--model", str(TINY_BACKBONE), "--suite", "synthetic", "--sets", "needle_single=2",
                      "--set-msrs", "0,1", "--pools", "8/4"])
+    assert "give task=INDEX with INDEX below 2" in capsys.readouterr().err
