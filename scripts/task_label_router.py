@@ -99,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--train-inputs", type=Path, action="append", default=[],
                         help="a kept inputs file whose rows join the training rows (repeatable)")
     parser.add_argument("--sets", required=True, help="comma list task=set index for every task of the training rows")
+    parser.add_argument("--hold-out", default="",
+                        help="comma list of tasks whose training rows are left out: where would they go unseen?")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="JSON file for the choices (head_set_choices.py's format)")
@@ -128,6 +130,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
             more.append(rows)
             names += [key.split("@")[0]] * len(rows)
     inputs = torch.cat(more)
+    held_out = {task for task in args.hold_out.split(",") if task}
+    unknown = sorted(held_out - set(names))
+    if unknown:
+        parser.error(f"--hold-out names {unknown}, which have no training rows (tasks there: {sorted(set(names))})")
+    kept = torch.tensor([name not in held_out for name in names])
+    inputs, names = inputs[kept], [name for name in names if name not in held_out]
     try:
         target = set_of_each_task(args.sets, len(set_msrs))
     except ValueError as error:
@@ -151,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(f"  {task:18} {length:>6}  {' '.join(f'{share:.2f}' for share in shares.tolist())}")
     document = {**run_header(torch.device("cpu")), "set_losses": str(args.set_losses), "inputs": str(args.inputs),
                 "train_inputs": [str(path) for path in args.train_inputs],
-                "sets": target, "steps": args.steps, "seed": args.seed, "set_msrs": set_msrs,
+                "sets": target, "held_out": sorted(held_out), "steps": args.steps, "seed": args.seed, "set_msrs": set_msrs,
                 "training_rows_on_their_set": float(trained), "logits": logits}
     if args.out is not None:
         atomic_write_text(args.out, json.dumps(document, indent=1))

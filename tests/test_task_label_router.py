@@ -79,6 +79,18 @@ def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path, c
             script.main(["--set-losses", str(tmp_path / f"{set_losses}.safetensors"), "--inputs",
                          str(tmp_path / f"{inputs}.safetensors"), "--sets", "a=0,b=2"])
         assert "does not record the spans" in capsys.readouterr().err
+    # a task held out leaves the fit: the rows that were b's training rows no longer exist, so the fit puts every
+    # unseen row, b's included, on a's set; a held-out task without training rows is refused by name
+    held = script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
+                        str(tmp_path / "inputs.safetensors"), "--sets", "a=0", "--hold-out", "b", "--steps", "100"])
+    assert held["held_out"] == ["b"] and held["training_rows_on_their_set"] == 1.0
+    assert {cell: torch.tensor(logits).argmax(-1).tolist() for cell, logits in held["logits"].items()} == {
+        "a@600": [0] * 6, "b@600": [0] * 6, "c@600": [0] * 6}
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
+                     str(tmp_path / "inputs.safetensors"), "--sets", "a=0,b=2", "--hold-out", "c"])
+    assert "--hold-out names ['c'], which have no training rows" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a task of the training rows without a set
         script.main(["--set-losses", str(tmp_path / "set_losses.safetensors"), "--inputs",
                      str(tmp_path / "inputs.safetensors"), "--sets", "a=0"])
