@@ -13,7 +13,8 @@ same rows loses to the objective, one that matches it loses to the inputs or the
 
 --train-inputs adds the rows of other kept inputs files (`head_set_choices.py --inputs`, drawn with a seed apart from
 the evaluation's) to the training rows: whether more rows would sort the evaluation rows better, before any GPU
-computes their losses. --out writes the choices as `scripts/head_set_choices.py` does (``set_msrs`` and each row's
+computes their losses. --hold-out leaves a task's training rows out of the fit: where would its rows go if it had
+not been trained? --out writes the choices as `scripts/head_set_choices.py` does (``set_msrs`` and each row's
 ``logits`` per ``task@length``), so `scripts/row_outcomes.py --predict` scores them with the cells each set was
 measured in.
 """
@@ -159,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(f"  {task:18} {length:>6}  {' '.join(f'{share:.2f}' for share in shares.tolist())}")
     document = {**run_header(torch.device("cpu")), "set_losses": str(args.set_losses), "inputs": str(args.inputs),
                 "train_inputs": [str(path) for path in args.train_inputs],
-                "sets": target, "held_out": sorted(held_out), "steps": args.steps, "seed": args.seed, "set_msrs": set_msrs,
+                "sets": target, "held_out": sorted(held_out), "steps": args.steps, "seed": args.seed,
+                "set_msrs": set_msrs,
                 "training_rows_on_their_set": float(trained), "logits": logits}
     if args.out is not None:
         atomic_write_text(args.out, json.dumps(document, indent=1))
