@@ -69,7 +69,7 @@ def inputs_metadata(model_folder: str, layer: int, dtype: torch.dtype, pooling: 
             "pooling": spans_label(pooling)}
 
 
-def kept_inputs(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def load_kept_inputs(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """What a kept inputs file holds: ``task@length@seed@rows`` -> [rows, Hkv, D] float32 pooled keys, in key
     order, and the metadata they were written with (`inputs_metadata`)."""
     from safetensors import safe_open
@@ -79,11 +79,11 @@ def kept_inputs(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 def read_inputs(path: Path, metadata: dict[str, str]) -> dict[str, torch.Tensor]:
-    """The pooled keys an earlier call kept in ``path`` (`kept_inputs`), or nothing when there is no file yet.
+    """The pooled keys an earlier call kept in ``path`` (`load_kept_inputs`), or nothing when there is no file yet.
     Refuses a file written for another model, router layer, dtype or pooled spans."""
     if not path.exists():
         return {}
-    cells, written = kept_inputs(path)
+    cells, written = load_kept_inputs(path)
     if written != metadata:
         raise SystemExit(f"{path} holds router inputs of {written}, not {metadata}: name another --inputs file")
     return cells
@@ -158,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--inputs", type=Path, help="safetensors file keeping the rows' pooled keys (read where it "
-                        "holds them, the rest added): another router of the same layer and spans is then scored in seconds")
+                        "holds them, the rest added): another router of the same layer and spans is then scored in "
+                        "seconds")
     parser.add_argument("--out", type=Path, help="JSON file for the table")
     args = parser.parse_args(argv)
     calibration_tasks = [name for name in args.calibrate_tasks.split(",") if name]

@@ -266,7 +266,8 @@ def mode_losses(scores: dict, modes: Sequence[str], length: int) -> dict[str, di
     """mode -> task -> the rows full attention scores higher on (`losses_against_full`), for every task measured with
     both at ``length``."""
     tasks = dict.fromkeys(task for _, task, at in scores if at == length and ("full", task, length) in scores)
-    return {mode: {task: losses_against_full(scores, task, length, mode) for task in tasks if (mode, task, length) in scores}
+    return {mode: {task: losses_against_full(scores, task, length, mode)
+                   for task in tasks if (mode, task, length) in scores}
             for mode in modes}
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from head_set_choices import kept_inputs, spans_label  # noqa: E402
+from head_set_choices import load_kept_inputs, spans_label  # noqa: E402
 
 
 def training_rows(set_losses: Path) -> tuple[torch.Tensor, list[str], list[float], str | None]:
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     inputs, names, set_msrs, pooled = training_rows(args.set_losses)
-    evaluation, written = kept_inputs(args.inputs)
+    evaluation, written = load_kept_inputs(args.inputs)
     if pooled is None or "pooling" not in written:
         parser.error(f"{args.set_losses if pooled is None else args.inputs} does not record the spans its router "
                      "inputs were pooled over (written before they were recorded): compute them again")
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                      f"{pooled}: score rows pooled as the training rows were")
     more = [inputs]
     for path in args.train_inputs:
-        cells, theirs = kept_inputs(path)
+        cells, theirs = load_kept_inputs(path)
         if theirs != written:
             parser.error(f"{path} holds router inputs of {theirs}, {args.inputs} of {written}: another model, layer, "
                          "dtype or pooling")
@@ -144,9 +144,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     missing = sorted(set(names) - set(target))
     if missing:
         parser.error(f"--sets gives no set for the training rows' tasks {missing}: add task=INDEX for each")
-    router = fit(inputs, torch.tensor([target[name] for name in names]), len(set_msrs), args.steps, args.seed)
+    labels = torch.tensor([target[name] for name in names])
+    router = fit(inputs, labels, len(set_msrs), args.steps, args.seed)
     with torch.no_grad():
-        trained = (router.choice_logits(inputs).argmax(-1) == torch.tensor([target[n] for n in names])).float().mean()
+        trained = (router.choice_logits(inputs).argmax(-1) == labels).float().mean()
     print(f"{len(names)} training rows, {float(trained):.1%} on their task's set after {args.steps} steps; "
           f"sets (MSR): {', '.join(f'{msr:.3f}' for msr in set_msrs)}")
 
