@@ -8,7 +8,8 @@ TINY_BACKBONE = Path(__file__).parent / "backbone_tiny"
 LM_EVAL_TASKS = Path(__file__).parent / "lm_eval_tasks"
 #: Routers for Qwen2.5-Coder-0.5B-Instruct trained on the code suite (configs/qwen2.5_coder_code_slow_multipliers.yaml).
 QWEN_CODER_ROUTER = Path(__file__).parent / "routers" / "qwen2.5-coder-0.5b-instruct"
-#: The router for Qwen2.5-Coder-1.5B-Instruct: a head-set router (one choice per prompt among five points of the
-#: joint searched head set's path) trained on the code suite with the distillation LM term, on the exact expectation
-#: over its sets (configs/qwen2.5_coder_1.5b_code_head_set_router_expected.yaml), float32.
+#: The router for Qwen2.5-Coder-1.5B-Instruct: a head-set router (one choice per prompt, from layer 0's keys pooled
+#: over the first 40 and last 30 prompt tokens, among full attention, two points of the joint searched head set's
+#: path and all-SSA) trained on the code suite with the distillation LM term, on the exact expectation over its sets
+#: (configs/qwen2.5_coder_1.5b_code_head_set_router_pattern_held_out.yaml), float32.
 QWEN_CODER_1_5B_ROUTER = Path(__file__).parent / "routers" / "qwen2.5-coder-1.5b-instruct"
