@@ -69,6 +69,11 @@
 #   OUT=$OUT bash benchmarks/device.sh frontier-wait         # waits for it (up to $LIMIT s), copies the search and
 #                                                            # each group's eval.json to $OUT; call it until "finished"
 #
+#   OUT=$OUT bash benchmarks/device.sh task-sets             # benchmarks/task_sets.sh in the background (per-task
+#                                                            # head sets, a router choosing among them, its table;
+#                                                            # its header lists the variables), waits like
+#   OUT=$OUT bash benchmarks/device.sh task-sets-wait        # this: what it wrote so far as $OUT/task_sets.tgz
+#
 #   OUT=$OUT bash benchmarks/device.sh decode-graphs         # the fused decode kernel's options on this GPU
 #                                                            # (decode_kernel_sweep.json), then bench decode-graphs
 #                                                            # with the fastest: decode_graphs.json
@@ -131,6 +136,15 @@ frontier_wait() {  # wait for frontier's search and evals (up to $LIMIT s), copy
   done
   if [ "$ended" = 0 ]; then echo "frontier finished at $(( $(date +%s) - start )) s"
   else echo "frontier still running at $(( $(date +%s) - start )) s: call frontier-wait again"; fi
+}
+task_sets_wait() {  # wait for task-sets (up to $LIMIT s); what it wrote so far comes back as $OUT/task_sets.tgz
+  [ -f /tmp/task-sets/pids ] || { echo "no task-sets run on this machine: start one with the task-sets stage"; exit 2; }
+  wait_pids /tmp/task-sets/pids; local ended=$?
+  (cd /tmp/task-sets && tar czf "$OUT/task_sets.tgz" $(ls -d *.log *.json config.yaml */eval.json run/summary.json \
+    run/metrics.csv run/training.png run/router run/set_losses.safetensors 2>/dev/null))
+  cat /tmp/task-sets/driver.log; tr '\r' '\n' < /tmp/task-sets/train.log 2>/dev/null | grep -v '^$' | tail -2 | cut -c1-300
+  if [ "$ended" = 0 ]; then echo "task-sets finished at $(( $(date +%s) - start )) s"
+  else echo "task-sets still running at $(( $(date +%s) - start )) s: call task-sets-wait again"; fi
 }
 frontier_eval() {  # frontier_eval NAME LENGTHS MODES [more eval options]: one background eval of the frontier
   local name=$1 lengths=$2 modes=$3; shift 3
@@ -354,8 +368,16 @@ case ${1:-} in
     frontier_wait ;;
   frontier-wait)
     frontier_wait ;;
+  task-sets)  # benchmarks/task_sets.sh in the background (its header says what it runs and which variables it reads)
+    rm -rf /tmp/task-sets && mkdir -p /tmp/task-sets && cp -r src scripts configs benchmarks /tmp/task-sets/
+    MODEL=$MODEL SAMPLES=$SAMPLES setsid nohup bash /tmp/task-sets/benchmarks/task_sets.sh > /tmp/task-sets/driver.log \
+      2>&1 < /dev/null &
+    echo $! > /tmp/task-sets/pids
+    task_sets_wait ;;
+  task-sets-wait)
+    task_sets_wait ;;
   *)
     echo "unknown stage '${1:-}': tests, layer, bench, train, torchrun, pretrain, eval, script, flex-sweep,"\
       "real-train, real-train-wait, real-eval, real-table, real-table-wait, real-request, real-request-wait,"\
-      "frontier or frontier-wait"; exit 2 ;;
+      "frontier, frontier-wait, task-sets or task-sets-wait"; exit 2 ;;
 esac

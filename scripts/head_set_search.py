@@ -9,6 +9,10 @@ over the tasks of each task's mean answer cross-entropy, so every task weighs th
         --config configs/qwen2.5_coder_1.5b_code.yaml --tasks sensitive --length 16k \
         --msr 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8 --search-samples 2 --samples 0 --out search.json
 
+With ``--start FILE@MSR`` the search prunes from a point of another search's path instead of from full attention
+(e.g. the joint search's set at 0.6, pruned further on one task: a set for that task alone, sparser than the joint
+one); the earlier path up to that point then begins this file's path, so its points are sets of the same model.
+
 The file records the greedy path head by head (``path``: every head moved, in order; within a round by rising
 cost), so any point of it is a head set (`elastic_attention.head_sets`: ``eval --modes heads@0.35 --head-set FILE``),
 and keeps the sets at the MSRs asked. With ``--samples N`` > 0 each kept set is then evaluated like `elastic-attention
@@ -32,24 +36,32 @@ import torch
 
 
 def greedy_prune(score: Callable[[torch.Tensor], float], shape: tuple[int, int], targets: Sequence[int], step: int,
-                 on_round: Callable[[dict], None] | None = None) -> tuple[dict[int, torch.Tensor], list[dict]]:
+                 on_round: Callable[[dict], None] | None = None,
+                 start: torch.Tensor | None = None) -> tuple[dict[int, torch.Tensor], list[dict]]:
     """Greedy backward elimination of full-attention heads.
 
     Args:
         score: loss of a head set ([layers, Hkv] bool, True = full attention); lower is better.
         shape: (layers, Hkv).
-        targets: numbers of sparse heads at which to keep the set reached (each in 1..layers * Hkv).
+        targets: numbers of sparse heads at which to keep the set reached (each in 1..layers * Hkv, above the
+            start's).
         step: heads moved to sparse per round at most (a round never passes a target).
         on_round: called with each round's record as it ends (progress).
+        start: the set to prune from ([layers, Hkv] bool); ``None``: every head on full attention.
 
     Returns:
         ``{sparse heads: head set}`` for every target, and one record per round: the sparse count after it, the
         heads moved (layer, head) and the score after the move.
     """
     total = shape[0] * shape[1]
-    if step < 1 or not targets or any(not 0 < target <= total for target in targets):
-        raise ValueError(f"targets must lie in 1..{total} and step must be at least 1, got {list(targets)}, {step}")
-    routing = torch.ones(shape, dtype=torch.bool)
+    routing = torch.ones(shape, dtype=torch.bool) if start is None else start.clone()
+    if tuple(routing.shape) != tuple(shape) or routing.dtype != torch.bool:
+        raise ValueError(f"the start set must be a {tuple(shape)} bool tensor, got {tuple(routing.shape)} "
+                         f"{routing.dtype}")
+    first = int((~routing).sum())
+    if step < 1 or not targets or any(not first < target <= total for target in targets):
+        raise ValueError(f"targets must lie in {first + 1}..{total} and step must be at least 1, got "
+                         f"{list(targets)}, {step}")
     sets, rounds = {}, []
     for target in sorted(set(targets)):
         while int((~routing).sum()) < target:
@@ -125,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from elastic_attention.evaluation.pipeline import load_backbone, resolve_tasks
     from elastic_attention.evaluation.runner import run_evaluation
     from elastic_attention.evaluation.suites import suite_of
+    from elastic_attention.head_sets import read_head_sets, split_set_reference
     from elastic_attention.integration import runtime_of
     from elastic_attention.io import atomic_write_text
     from elastic_attention.rows import encode_row
@@ -139,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--suite", default="code", choices=["synthetic", "code"], help="suite of the task groups")
     parser.add_argument("--length", type=parse_length, required=True, help="prompt length, e.g. 16k")
     parser.add_argument("--msr", default="0.5,0.6,0.7", help="comma list of MSRs at which to keep and evaluate the set")
+    parser.add_argument("--start", metavar="FILE@MSR",
+                        help="prune from this point of another search's path (e.g. the joint search's set at 0.6, "
+                             "to go on with one task); the file's path up to it starts this one's")
     parser.add_argument("--step", type=int, default=4, help="heads moved to sparse attention per round at most")
     parser.add_argument("--search-samples", type=int, default=8, help="search rows of each task")
     parser.add_argument("--search-seed", type=int, default=1, help="seed of the search rows (the evaluation uses 0)")
@@ -161,6 +177,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
     shape = (len(runtime.routed_layers), runtime.num_kv_heads)
     total = shape[0] * shape[1]
     targets = {msr: max(1, round(msr * total)) for msr in msrs}
+    start, start_path = None, []
+    if args.start:
+        file, start_msr = split_set_reference(args.start, option="--start")
+        earlier = read_head_sets(file, option="--start")
+        start = earlier.at(start_msr, msr_option="--start")
+        start_path = [list(head) for head in earlier.path[:int((~start).sum())]]
+        sparse_heads = {tuple(head) for head in (~start).nonzero().tolist()}
+        if earlier.shape != shape or {tuple(head) for head in start_path} != sparse_heads:
+            parser.error(f"--start {args.start}: not a point of that file's path for a model of {shape[0]} routed "
+                         f"layers and {shape[1]} KV heads (give a file of scripts/head_set_search.py on this model)")
+        if any(target <= len(start_path) for target in targets.values()):
+            parser.error(f"--msr {args.msr}: every MSR must lie above the start's ({len(start_path) / total:.3f})")
 
     rows = [row for task in tasks
             for row in suite_of(task).generate(task, args.length, args.search_seed, args.search_samples, tokenizer)]
@@ -178,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "model": args.model, "tasks": tasks, "length": args.length, "search_samples": args.search_samples,
         "search_seed": args.search_seed, "samples": args.samples, "step": args.step, "shape": list(shape),
         "cross_entropy_full": full_score, "cross_entropy_sparse": sparse_score,
-        "task_cross_entropy_full": full_tasks, "task_cross_entropy_sparse": sparse_tasks, "rounds": [], "path": [],
+        "task_cross_entropy_full": full_tasks, "task_cross_entropy_sparse": sparse_tasks, "start": args.start,
+        "rounds": [], "path": list(start_path),
     }
 
     started = time.perf_counter()
@@ -192,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         atomic_write_text(args.out, json.dumps(result, indent=1))
 
     score = answer_cross_entropy(model, packs, device)
-    sets, _ = greedy_prune(score, shape, sorted(targets.values()), args.step, on_round=report)
+    sets, _ = greedy_prune(score, shape, sorted(targets.values()), args.step, on_round=report, start=start)
     result["sets"] = [{"msr_asked": msr, "full_heads": sets[target].tolist()} for msr, target in targets.items()]
     atomic_write_text(args.out, json.dumps(result, indent=1))  # the search alone, should the evaluation be cut
     if args.samples <= 0:

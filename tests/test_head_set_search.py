@@ -80,6 +80,29 @@ def test_bad_targets_are_refused(search):
         search.greedy_prune(lambda routing: 0.0, (3, 2), [7], 1)
     with pytest.raises(ValueError, match="step must be at least 1"):
         search.greedy_prune(lambda routing: 0.0, (3, 2), [2], 0)
+    with pytest.raises(ValueError, match="targets must lie in 3..6"):
+        search.greedy_prune(lambda routing: 0.0, (3, 2), [2], 1, start=_routing((3, 2), [(0, 0), (1, 1)]))
+    with pytest.raises(ValueError, match=r"start set must be a \(3, 2\) bool tensor"):
+        search.greedy_prune(lambda routing: 0.0, (3, 2), [4], 1, start=torch.ones(2, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_a_search_from_a_start_set_keeps_its_sparse_heads_and_finds_the_cheapest_rest(search, step):
+    """Oracle: brute force over every set of k sparse heads that holds the start's sparse heads, with additive costs
+    that would have made other heads sparse first from full attention."""
+    shape = (2, 3)
+    costs = torch.tensor([[5.0, 0.1, 0.3], [0.2, 4.0, 0.6]], dtype=torch.float64)
+    start = _routing(shape, [(0, 0), (1, 1)])  # the two dearest heads already sparse
+
+    def score(routing):
+        return float(costs[~routing].sum())
+
+    sets, rounds = search.greedy_prune(score, shape, [3, 5], step, start=start)
+    cells = [cell for cell in itertools.product(range(2), range(3)) if start[cell]]
+    for sparse, routing in sets.items():
+        best = min(itertools.combinations(cells, sparse - 2), key=lambda chosen: sum(costs[c] for c in chosen))
+        assert sorted(map(tuple, (~routing).nonzero().tolist())) == sorted([(0, 0), (1, 1), *best])
+    assert bool(start[0, 1]) and rounds[0]["sparse_heads"] == 3  # the start itself is left as it was
 
 
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -144,3 +167,32 @@ def test_the_script_writes_its_path_each_msrs_set_and_their_accuracy(search, tmp
         assert sorted(entry["accuracy"]) == sorted(tasks) and sorted(entry["kept"]) == sorted(tasks)
     between = heads.at(3 / 8)  # a point of the path between two kept sets
     assert int((~between).sum()) == 3 and bool((between | ~torch.tensor(result["sets"][1]["full_heads"])).all())
+
+
+def test_a_search_started_from_a_point_of_another_path_goes_on_from_it(search, tmp_path):
+    """The second search's path begins with the first's up to the start, and its sets hold that point's sparse
+    heads; a start that is not a point of the file, or MSRs not above it, are refused with the fix."""
+    from elastic_attention.head_sets import read_head_sets
+
+    common = ["--model", str(TINY), "--config", "configs/tiny_finding.yaml", "--suite", "synthetic",
+              "--length", "1024", "--search-samples", "1", "--pack-tokens", "2200", "--samples", "0",
+              "--device", "cpu"]
+    first = tmp_path / "joint.json"
+    search.main([*common, "--tasks", "needle_single,local_recall", "--msr", "0.25", "--step", "2",
+                 "--out", str(first)])
+    second = tmp_path / "needle.json"
+    result = search.main([*common, "--tasks", "needle_single", "--msr", "0.5,0.625", "--step", "1",
+                          "--start", f"{first}@0.25", "--out", str(second)])
+    earlier, later = read_head_sets(first), read_head_sets(second)
+    assert result["start"] == f"{first}@0.25" and later.path[:2] == earlier.path[:2] and len(later.path) == 5
+    assert [record["sparse_heads"] for record in result["rounds"]] == [3, 4, 5]
+    for msr in (0.5, 0.625):
+        assert not bool((later.at(msr) & ~earlier.at(0.25)).any())  # the start's sparse heads stay sparse
+    with pytest.raises(SystemExit):
+        search.main([*common, "--tasks", "needle_single", "--msr", "0.25", "--start", f"{first}@0.25",
+                     "--out", str(tmp_path / "refused.json")])
+    head_set = tmp_path / "one_set.json"  # a set with no path: not a point the search can go on from
+    head_set.write_text(json.dumps({"sets": [{"msr_asked": 0.25, "full_heads": earlier.at(0.25).tolist()}]}))
+    with pytest.raises(SystemExit):
+        search.main([*common, "--tasks", "needle_single", "--msr", "0.5", "--start", f"{head_set}@0.25",
+                     "--out", str(tmp_path / "refused.json")])

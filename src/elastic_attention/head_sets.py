@@ -105,6 +105,22 @@ def read_head_sets(path: str | Path, *, option: str = "head set") -> HeadSets:
     return HeadSets(shape=shape, sets=sets, path=order, source=str(path))
 
 
+def split_set_reference(entry: str, *, option: str) -> tuple[str, float]:
+    """``"FILE@MSR"`` -> (FILE, MSR): one set of a head-set file, as configs and scripts name it.
+
+    Raises:
+        ConfigError: ``entry`` is not of that form (``option`` names where it was given).
+    """
+    file, separator, text = str(entry).rpartition("@")
+    try:
+        msr = float(text)
+    except ValueError:
+        separator = ""
+    if not separator or not file:
+        raise ConfigError(f"`{option}` entry {entry!r} is not FILE@MSR (e.g. search_multikey.json@0.5)")
+    return file, msr
+
+
 def load_head_set(path: str | Path, msr: float | None = None, *, option: str = "head set",
                   msr_option: str = "msr") -> torch.Tensor:
     """One head set from a head-set file: the set kept at ``msr``, a point of the file's path, or (``msr`` None)

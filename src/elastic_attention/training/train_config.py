@@ -15,7 +15,7 @@ from elastic_attention.adapters import WEIGHTS_FILE as ADAPTER_WEIGHTS
 from elastic_attention.adapters import read_adapter_config
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import AdapterMismatchError, ConfigError
-from elastic_attention.head_sets import load_head_set, read_head_sets
+from elastic_attention.head_sets import load_head_set, read_head_sets, split_set_reference
 from elastic_attention.router.temperature import TemperatureSchedule
 from elastic_attention.training.config_io import (
     build_section,
@@ -331,14 +331,7 @@ class TrainConfig:
         sets = read_head_sets(self.initial_full_heads, option="initial_full_heads")
         chosen = [_set_at(sets, msr, "head_set_choices_msrs") for msr in self.head_set_choices_msrs]
         for entry in self.head_set_choices_extra or []:
-            file, separator, msr = str(entry).rpartition("@")
-            try:
-                msr = float(msr)
-            except ValueError:
-                separator = ""
-            if not separator or not file:
-                raise ConfigError(f"`head_set_choices_extra` entry {entry!r} is not FILE@MSR (e.g. "
-                                  "search_multikey.json@0.5)")
+            file, msr = split_set_reference(entry, option="head_set_choices_extra")
             other = read_head_sets(file, option="head_set_choices_extra")
             if other.shape != sets.shape:
                 raise ConfigError(f"`head_set_choices_extra` file {file} holds sets of shape {list(other.shape)}, "

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Per-task head sets and a router that chooses among them, end to end on the device (run by `benchmarks/device.sh
+# task-sets` in the background; longer than a call). Does a head-set router with a sparser set of its own for some
+# sensitive tasks buy more average MSR at the same quality than one choosing among the joint search's sets?
+#
+#   1. for each TASK=MSR,MSR,... of $SET_MSRS, side by side: scripts/head_set_search.py on TASK alone at
+#      $SEARCH_LENGTH (16k), from $SEARCH_START (FILE@MSR, a point of the joint search), up to the largest MSR
+#      listed; then its points heads@MSR on TASK at $SHORT_LENGTH (8k) and $SEARCH_LENGTH ($SAMPLES rows, seed 0);
+#   2. scripts/task_set_config.py: each task's sparsest point keeping $SHARE of full attention (full attention's
+#      cells from $FULL) joins $BASE_CONFIG's sets ($CHOICE_MSRS of the joint search) -> config.yaml;
+#   3. the router: `elastic-attention train config.yaml $TRAIN_ARGS`;
+#   4. its table: elastic at both lengths, then the retrieval-score static hybrid and the joint searched set at
+#      elastic's average MSR of each length (`static`, `heads`), every task, $SAMPLES rows.
+# Everything lands in $WORK (default /tmp/task-sets); `device.sh task-sets-wait` brings it back as task_sets.tgz.
+set -u
+WORK=${WORK:-/tmp/task-sets}
+MODEL=${MODEL:?MODEL: the model folder}
+SAMPLES=${SAMPLES:-50}
+BATCH=${BATCH:-10}
+JOINT=${SEARCH_START%@*}
+WINDOW_CONFIG=${WINDOW_CONFIG:-configs/qwen2.5_coder_code.yaml}  # the sparse window of the searches and set cells
+SHORT=${SHORT_LENGTH:-8k} LONG=${SEARCH_LENGTH:-16k}  # the table's lengths; the searches run at the long one
+cd "$WORK"
+export PYTHONPATH=$WORK/src PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+eval_cells() {  # eval_cells NAME ARGS...: one elastic-attention eval into $WORK/NAME
+  local name=$1; shift
+  python3 -m elastic_attention.cli eval --model "$MODEL" --suite code --samples "$SAMPLES" --batch-size "$BATCH" \
+    --out "$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 < /dev/null
+}
+mean_msr() {  # mean_msr EVAL_JSON: elastic's average MSR over the tasks of that file
+  python3 -c "import json,sys; r=[c['msr'] for c in json.load(open(sys.argv[1]))['results'] if c['mode']=='elastic'];\
+print(round(sum(r)/len(r), 4))" "$1"
+}
+echo "stage 1: searches and their points ($(date -u +%T))"
+task_sets=()
+for entry in $SET_MSRS; do  # TASK=MSR,MSR,...
+  task=${entry%%=*} msrs=${entry#*=}
+  modes=$(echo "$msrs" | tr , '\n' | sed 's/^/heads@/' | paste -sd,)
+  (
+    python3 scripts/head_set_search.py --model "$MODEL" --config "$WINDOW_CONFIG" --tasks "$task" \
+      --length "$LONG" --start "$SEARCH_START" --msr "$msrs" --step "${SEARCH_STEP:-3}" \
+      --search-samples "${SEARCH_SAMPLES:-3}" --samples 0 --out "$WORK/search_$task.json" > "$WORK/search_$task.log" 2>&1 \
+      || exit 1
+    for length in "$SHORT" "$LONG"; do
+      eval_cells "set_${task}_$length" --config "$WINDOW_CONFIG" --tasks "$task" --modes "$modes" --lengths "$length" \
+        --head-set "$WORK/search_$task.json" &
+    done
+    wait
+  ) &
+  task_sets+=(--task-set "$task" "$WORK/search_$task.json" "$WORK/set_${task}_$SHORT/eval.json"
+             "$WORK/set_${task}_$LONG/eval.json")
+done
+wait
+echo "stage 2: the config ($(date -u +%T))"
+python3 scripts/task_set_config.py --base "$BASE_CONFIG" ${CHOICE_MSRS:+--choice-msrs "$CHOICE_MSRS"} "${task_sets[@]}" \
+  --full "$FULL" --share "${SHARE:-0.98}" --out "$WORK/config.yaml" > "$WORK/config.log" 2>&1 || exit 1
+cat "$WORK/config.log"
+echo "stage 3: training ($(date -u +%T))"
+python3 -m elastic_attention.cli train "$WORK/config.yaml" model="$MODEL" output_dir="$WORK/run" ${TRAIN_ARGS:-} --no-progress \
+  > "$WORK/train.log" 2>&1 < /dev/null || exit 1
+echo "stage 4: the table ($(date -u +%T))"
+for length in "$SHORT" "$LONG"; do
+  eval_cells "elastic_$length" --router "$WORK/run/router" --tasks all --modes elastic --lengths "$length" &
+done
+wait
+for length in "$SHORT" "$LONG"; do
+  msr=$(mean_msr "$WORK/elastic_$length/eval.json")
+  eval_cells "static_heads_$length" --router "$WORK/run/router" --tasks all --modes static,heads --lengths "$length" \
+    --static-msr "$msr" --head-set "$JOINT" --head-set-msr "$msr" &
+done
+wait
+echo "finished ($(date -u +%T))"
