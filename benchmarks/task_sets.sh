@@ -9,8 +9,8 @@
 #   2. scripts/task_set_config.py: each task's sparsest point keeping $SHARE of full attention (full attention's
 #      cells from $FULL) joins $BASE_CONFIG's sets ($CHOICE_MSRS of the joint search) -> config.yaml;
 #   3. the router: `elastic-attention train config.yaml $TRAIN_ARGS`;
-#   4. its table: elastic at both lengths, then the retrieval-score static hybrid and the joint searched set at
-#      elastic's average MSR of each length (`static`, `heads`), every task, $SAMPLES rows.
+#   4. its table: elastic at both lengths, then $TABLE_MODES (default static,heads: the retrieval-score static
+#      hybrid and the joint searched set) at elastic's average MSR of each length, every task, $SAMPLES rows.
 # Everything lands in $WORK (default /tmp/task-sets); `device.sh task-sets-wait` brings it back as task_sets.tgz.
 set -u
 WORK=${WORK:-/tmp/task-sets}
@@ -20,6 +20,7 @@ BATCH=${BATCH:-10}
 JOINT=${SEARCH_START%@*}
 WINDOW_CONFIG=${WINDOW_CONFIG:-configs/qwen2.5_coder_code.yaml}  # the sparse window of the searches and set cells
 SHORT=${SHORT_LENGTH:-8k} LONG=${SEARCH_LENGTH:-16k}  # the table's lengths; the searches run at the long one
+TABLE_MODES=${TABLE_MODES:-static,heads}
 cd "$WORK"
 export PYTHONPATH=$WORK/src PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 eval_cells() {  # eval_cells NAME ARGS...: one elastic-attention eval into $WORK/NAME
@@ -65,8 +66,10 @@ done
 wait
 for length in "$SHORT" "$LONG"; do
   msr=$(mean_msr "$WORK/elastic_$length/eval.json")
-  eval_cells "static_heads_$length" --router "$WORK/run/router" --tasks all --modes static,heads --lengths "$length" \
-    --static-msr "$msr" --head-set "$JOINT" --head-set-msr "$msr" &
+  heads=()
+  case ",$TABLE_MODES," in *,heads,*) heads=(--head-set "$JOINT" --head-set-msr "$msr") ;; esac
+  eval_cells "${TABLE_MODES//,/_}_$length" --router "$WORK/run/router" --tasks all --modes "$TABLE_MODES" \
+    --lengths "$length" --static-msr "$msr" "${heads[@]}" &
 done
 wait
 echo "finished ($(date -u +%T))"
