@@ -2,10 +2,12 @@
 first routed layer's keys and applied in every routed layer; its straight-through choice, its adapter, and training
 it from a head-set file on the sampled or the expected objective."""
 
-import dataclasses
 import csv
+import dataclasses
 import json
+import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -522,3 +524,52 @@ def test_a_set_losses_file_of_other_packs_or_sets_is_refused(tmp_path, random_su
         _expected_trainer(tmp_path / "c", random_suite_backbone, set_losses_file=str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="holds the losses of `head_set_objective: expected`"):
         TrainConfig(model="m", set_losses_file=written)
+
+
+def test_first_visit_forwards_spend_the_budget_but_do_not_run_the_schedules_ahead(tmp_path, random_suite_backbone,
+                                                                                 monkeypatch):
+    """Fake clock: under the expected objective each pack's first visit takes 200 s, each step 1 s more; with 1100 s
+    for 6 steps of one pack the run ends by its steps. Oracle: the position written out by hand, max(step, (elapsed
+    - first visits) / (1100 - first visits) * 6), which stays on the steps; taking the first visits as the steps'
+    pace (elapsed / 1100 * 6) would have run ahead of them."""
+    from elastic_attention.training import train
+    from elastic_attention.training import trainer as trainer_module
+
+    clock = [0.0]
+    monkeypatch.setattr(trainer_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    one_step, first_visit = trainer_module.RouterTrainer.train_step, trainer_module.RouterTrainer._pack_under_each_set
+
+    def one_second_step(self):
+        clock[0] += 1.0
+        return one_step(self)
+
+    def slow_first_visit(self, pack):
+        clock[0] += 200.0
+        return first_visit(self, pack)
+
+    monkeypatch.setattr(trainer_module.RouterTrainer, "train_step", one_second_step)
+    monkeypatch.setattr(trainer_module.RouterTrainer, "_pack_under_each_set", slow_first_visit)
+    search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
+    config = TrainConfig.from_yaml(write_config(
+        tmp_path, random_suite_backbone, "visits", steps=6, max_seconds=1100, lr_schedule="cosine",
+        warmup_fraction=0.0, packs_per_step=1, checkpoint_every=0, initial_full_heads=str(search),
+        head_set_choices_msrs=[0.0, 0.75, 1.0], head_set_objective="expected",
+        data={"tasks": ["needle_single", "local_recall"], "lengths": [200, 260], "rows": 4, "budget": 600},
+        elastic={"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3}))
+    summary = train(config, progress=False)
+    packs = summary["packs_run_under_each_set"]
+    assert 2 <= packs <= 4 and summary["steps"] == 6 and summary["first_visit_seconds"] == 200.0 * packs
+    elapsed, visits, positions, paced = 0.0, 0, [], []
+    for step in range(6):  # the clock as the trainer reads it before each step
+        positions.append(max(step, (elapsed - 200.0 * visits) / (1100 - 200.0 * visits) * 6))
+        paced.append(max(step, elapsed / 1100 * 6))
+        if step < packs:  # each step of the first epoch visits a new pack
+            visits, elapsed = visits + 1, elapsed + 200.0
+        elapsed += 1.0
+    assert positions == pytest.approx(list(range(6)))
+    assert all(paced[step] > step for step in range(1, packs + 1))
+    rows = list(csv.DictReader((tmp_path / "visits" / "metrics.csv").open()))
+    assert [float(row["temperature"]) for row in rows] == pytest.approx(
+        [config.temperature.at(position, 6) for position in positions])
+    assert [float(row["lr"]) for row in rows] == pytest.approx(
+        [config.router_lr * 0.5 * (1 + math.cos(math.pi * position / 6)) for position in positions])

@@ -811,3 +811,13 @@ def test_the_teacher_cache_gives_the_same_losses_without_a_second_teacher_forwar
     assert len(forwards) - before == 1  # the student alone
     assert torch.equal(first, fresh) and torch.equal(again, fresh) and torch.equal(again_samples, samples)
     assert cache.values == 4 * model.config.vocab_size  # four supervised tokens
+
+
+def test_schedule_position_spreads_what_the_budget_leaves_over_the_steps():
+    from elastic_attention.training.trainer import schedule_position
+
+    assert schedule_position(3, 10, 50.0, 100.0) == 5.0  # half the budget spent: half the schedule
+    assert schedule_position(6, 10, 50.0, 100.0) == 6.0  # the steps ahead of the clock
+    assert schedule_position(2, 10, 60.0, 100.0, first_visit_seconds=50.0) == 2.0  # 10 of the 50 s left
+    assert schedule_position(2, 10, 75.0, 100.0, first_visit_seconds=50.0) == 5.0
+    assert schedule_position(1, 10, 120.0, 100.0, first_visit_seconds=100.0) == 10.0  # nothing left: the end

@@ -103,8 +103,10 @@ class TrainConfig:
         steps: optimizer steps.
         max_seconds: training wall-clock budget, seconds (null: none; setup and calibration not counted): the run
             stops at ``steps`` or when the budget is spent, whichever comes first. The schedules (warm-up, learning
-            rate, temperature) follow the larger of ``step / steps`` and ``elapsed / max_seconds``, so a run stopped
-            by its budget ends annealed, as a run of fewer steps would.
+            rate, temperature) follow the larger of ``step / steps`` and the share of the budget spent, so a run
+            stopped by its budget ends annealed, as a run of fewer steps would; the first-visit forwards of
+            ``head_set_objective: expected`` count against the budget but not toward that share
+            (`trainer.schedule_position`), so a slow first epoch does not run the schedules ahead of the steps.
         packs_per_step: global batch, in packs.
         router_lr, multiplier_lr, weight_decay, warmup_fraction, grad_clip: optimisation.
         lr_schedule: the router learning rate after its linear warm-up: ``"cosine"`` (decays to 0 at the last step)

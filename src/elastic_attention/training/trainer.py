@@ -73,6 +73,9 @@ class RouterTrainer:
         self.rank, self.world_size = distributed_rank()
         self.step = 0
         self.train_seconds = 0.0  # seconds spent in training steps, over resumes too
+        #: of those, seconds of the no-grad forwards that fill a pack's set losses at its first visit (later visits
+        #: reuse them, so they say nothing of what the remaining steps cost)
+        self.first_visit_seconds = 0.0
         self.history: list[dict] = []
         self._lock = None
 
@@ -326,6 +329,7 @@ class RouterTrainer:
             summary["teacher_cache_bytes"] = 4 * self.teacher_cache.values
         if self.config.head_set_objective == "expected":
             summary["packs_run_under_each_set"] = len(self.set_losses)  # on this process, or read from the file
+            summary["first_visit_seconds"] = self.first_visit_seconds
         return summary
 
     def _agreed_seconds(self, seconds: float) -> float:
@@ -338,11 +342,13 @@ class RouterTrainer:
         return float(value)
 
     def schedule_step(self) -> float:
-        """Where the schedules stand, in steps: ``self.step``, or further when the time budget is ahead of it
-        (``train_seconds / max_seconds`` of ``steps``)."""
+        """Where the schedules stand, in steps: ``self.step``, or further when the time budget is ahead of it. See
+        `schedule_position`."""
         if self.config.max_seconds is None:
             return float(self.step)
-        return max(float(self.step), self.train_seconds / self.config.max_seconds * self.config.steps)
+        first_visits = self._agreed_seconds(self.first_visit_seconds)
+        return schedule_position(self.step, self.config.steps, self.train_seconds, self.config.max_seconds,
+                                 first_visits)
 
     def train_step(self) -> dict:
         """One optimizer step over the packs of ``self.step`` that belong to this process."""
@@ -401,7 +407,9 @@ class RouterTrainer:
         come from `_pack_under_each_set` at the pack's first visit, from ``set_losses`` at the later ones."""
         (router,) = routers_of(self.model).values()
         if id(pack) not in self.set_losses:
+            began = time.perf_counter()
             self.set_losses[id(pack)] = self._pack_under_each_set(pack)
+            self.first_visit_seconds += time.perf_counter() - began
         losses, router_input, tokens = self.set_losses[id(pack)]
         probabilities = torch.softmax(router.choice_logits(router_input.to(self.device)) / router.temperature, dim=-1)
         losses = losses.to(self.device)
@@ -497,7 +505,7 @@ class RouterTrainer:
             return None
         _, groups = flatten_optimizer(self.optimizer.state_dict())
         scalars = {"param_groups": groups, "history": self.history, "config": self.config.to_dict(),
-                   "train_seconds": self.train_seconds}
+                   "train_seconds": self.train_seconds, "first_visit_seconds": self.first_visit_seconds}
         return save_checkpoint(self.output_dir / "checkpoints", self.step, tensors, scalars)
 
     def _router_buffers(self) -> dict[str, torch.Tensor]:
@@ -523,6 +531,7 @@ class RouterTrainer:
         self.optimizer.load_state_dict(optimizer_state)
         self.step, self.history = step, scalars["history"]
         self.train_seconds = scalars.get("train_seconds", 0.0)  # absent in checkpoints written before max_seconds
+        self.first_visit_seconds = scalars.get("first_visit_seconds", 0.0)
         if self.rank == 0:
             rewrite_metrics(self.output_dir / "metrics.csv", self.history)
         logger.info("resumed from step %d", step)
@@ -612,6 +621,25 @@ def supervised_token_losses(model, pack: Pack, device: torch.device,
     losses = torch.nn.functional.cross_entropy(output.logits[0].float(), targets[keep].to(device), reduction="none")
     starts = torch.tensor([start for start, _, _ in pack.spans])
     return losses, torch.bucketize(keep + 1, starts, right=True) - 1  # label position keep + 1 lies in that sample
+
+
+def schedule_position(step: int, steps: int, train_seconds: float, max_seconds: float,
+                      first_visit_seconds: float = 0.0) -> float:
+    """Where a run's schedules (warm-up, learning rate, temperature) stand, in steps, under a time budget: ``step``,
+    or further when the budget would run out first: the share of it the steps themselves have spent, over what the
+    budget leaves them, of ``steps``:
+    ``max(step, (train_seconds - first_visit_seconds) / (max_seconds - first_visit_seconds) * steps)``.
+
+    ``first_visit_seconds`` (within ``train_seconds``) went to work done once per pack, at its first visit (the C
+    forwards of ``head_set_objective: expected``): counted against the budget, not taken as the pace of the steps
+    left, which reuse it. A run whose steps proper fit in the budget so keeps its schedules on the steps, however long
+    its first epoch; one the budget stops reaches each schedule's end as it stops; ``steps`` once first visits alone
+    have spent the budget.
+    """
+    left = max_seconds - first_visit_seconds
+    if left <= 0:
+        return float(steps)
+    return max(float(step), (train_seconds - first_visit_seconds) / left * steps)
 
 
 class TeacherCache:
