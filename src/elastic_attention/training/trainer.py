@@ -353,11 +353,11 @@ class RouterTrainer:
     def train_step(self) -> dict:
         """One optimizer step over the packs of ``self.step`` that belong to this process."""
         config = self.config
-        schedule_position = self.schedule_step()
-        temperature = config.temperature.at(schedule_position, config.steps)
+        position = self.schedule_step()
+        temperature = config.temperature.at(position, config.steps)
         for router in routers_of(self.model).values():
             router.temperature = temperature
-        scale = self._lr_scale(schedule_position)
+        scale = self._lr_scale(position)
         for group in self.optimizer.param_groups[:2]:
             group["lr"] = config.router_lr * scale
         self.optimizer.zero_grad(set_to_none=True)
