@@ -11,7 +11,10 @@
 #   3. the router: `elastic-attention train config.yaml $TRAIN_ARGS`;
 #   4. its table: elastic at both lengths, then $TABLE_MODES (default static,heads: the retrieval-score static
 #      hybrid and the joint searched set) at elastic's average MSR of each length, every task, $SAMPLES rows.
-# Everything lands in $WORK (default /tmp/task-sets); `device.sh task-sets-wait` brings it back as task_sets.tgz.
+#      (`heads` needs that MSR within the joint search's path.)
+# $WORK (default /tmp/task-sets) holds the copy of src, scripts, configs and benchmarks that device.sh makes; relative
+# paths ($BASE_CONFIG, $FULL, $SEARCH_START) are read there, and everything lands there; `device.sh task-sets-wait`
+# brings it back as task_sets.tgz.
 set -u
 WORK=${WORK:-/tmp/task-sets}
 MODEL=${MODEL:?MODEL: the model folder}

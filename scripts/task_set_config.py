@@ -69,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if any(len(entry) < 3 for entry in args.task_set):
         parser.error("each --task-set needs TASK SEARCH EVAL [EVAL ...]")
+    missing = [path for path in [args.base, *args.full, *(name for entry in args.task_set for name in entry[1:])]
+               if not Path(path).is_file()]
+    if missing:
+        parser.error(f"no file at {', '.join(map(str, missing))} (give the base config, each task's search file and "
+                     "the eval.json files of its points)")
 
     config = yaml.safe_load(args.base.read_text(encoding="utf-8"))
     if args.choice_msrs is not None:
@@ -104,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(f"{task}: {mode}, target {msr:.3f}")
     config["head_set_choices_extra"] = extra
     config["elastic"]["head_set_choices"] = len(config["head_set_choices_msrs"]) + len(extra)
-    header = (f"# elastic-attention train {args.out} model=... output_dir=...\n"
+    header = (f"# elastic-attention train {args.out} model={config['model']} output_dir=runs/{args.out.stem}\n"
               f"# written by: python scripts/task_set_config.py {' '.join(argv if argv is not None else sys.argv[1:])}\n")
     atomic_write_text(args.out, header + yaml.safe_dump(config, sort_keys=False, width=120))
     TrainConfig.from_yaml(args.out).head_set_choices()  # the config trains: its sets load, one per choice

@@ -88,3 +88,6 @@ def test_the_config_written_trains_on_the_chosen_sets(tool, tmp_path, monkeypatc
     assert sets.shape == (3, *SHAPE) and [int((~s).sum()) for s in sets] == [0, 8, 6]
     with pytest.raises(SystemExit):
         tool.main(["--base", str(base), "--task-set", "recent_fact", str(own), str(passkey), "--out", str(out)])
+    with pytest.raises(SystemExit):
+        tool.main(["--base", str(base), "--task-set", "passkey", str(own), str(tmp_path / "none.json"),
+                   "--out", str(out)])
