@@ -142,7 +142,8 @@ task_sets_wait() {  # wait for task-sets (up to $LIMIT s); what it wrote so far 
   wait_pids /tmp/task-sets/pids; local ended=$?
   (cd /tmp/task-sets && tar czf "$OUT/task_sets.tgz" $(ls -d *.log *.json config.yaml */eval.json run/summary.json \
     run/metrics.csv run/training.png run/router run/set_losses.safetensors 2>/dev/null))
-  cat /tmp/task-sets/driver.log; tr '\r' '\n' < /tmp/task-sets/train.log 2>/dev/null | grep -v '^$' | tail -2 | cut -c1-300
+  cat /tmp/task-sets/driver.log
+  [ -f /tmp/task-sets/train.log ] && tr '\r' '\n' < /tmp/task-sets/train.log | grep -v '^$' | tail -2 | cut -c1-300
   if [ "$ended" = 0 ]; then echo "task-sets finished at $(( $(date +%s) - start )) s"
   else echo "task-sets still running at $(( $(date +%s) - start )) s: call task-sets-wait again"; fi
 }
@@ -370,7 +371,8 @@ case ${1:-} in
     frontier_wait ;;
   task-sets)  # benchmarks/task_sets.sh in the background (its header says what it runs and which variables it reads)
     rm -rf /tmp/task-sets && mkdir -p /tmp/task-sets && cp -r src scripts configs benchmarks /tmp/task-sets/
-    MODEL=$MODEL SAMPLES=$SAMPLES setsid nohup bash /tmp/task-sets/benchmarks/task_sets.sh > /tmp/task-sets/driver.log \
+    WORK=/tmp/task-sets MODEL=$MODEL SAMPLES=$SAMPLES setsid nohup bash /tmp/task-sets/benchmarks/task_sets.sh \
+      > /tmp/task-sets/driver.log \
       2>&1 < /dev/null &
     echo $! > /tmp/task-sets/pids
     task_sets_wait ;;

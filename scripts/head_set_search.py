@@ -134,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from elastic_attention import attach
     from elastic_attention.bench.timing import run_header
     from elastic_attention.cli import parse_length
+    from elastic_attention.errors import ConfigError
     from elastic_attention.evaluation.pipeline import load_backbone, resolve_tasks
     from elastic_attention.evaluation.runner import run_evaluation
     from elastic_attention.evaluation.suites import suite_of
@@ -171,22 +172,29 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if not msrs or any(not 0.0 < msr <= 1.0 for msr in msrs):
         parser.error(f"--msr must list numbers in (0, 1], got {args.msr!r}")
 
+    start, start_path = None, []
+    if args.start:  # read before the model loads: a wrong file or MSR fails at once
+        try:
+            file, start_msr = split_set_reference(args.start, option="--start")
+            earlier = read_head_sets(file, option="--start")
+            start = earlier.at(start_msr, msr_option="--start")
+        except ConfigError as error:
+            parser.error(str(error))
+        start_path = [list(head) for head in earlier.path[:int((~start).sum())]]
+        if {tuple(head) for head in start_path} != {tuple(head) for head in (~start).nonzero().tolist()}:
+            parser.error(f"--start {args.start}: not a point of that file's path (give a file of "
+                         "scripts/head_set_search.py and an MSR its path reaches)")
+
     model, tokenizer = load_backbone(args.model, device=args.device, dtype=args.dtype)
     attach(model, TrainConfig.from_yaml(args.config).elastic_config)
     runtime = runtime_of(model)
     shape = (len(runtime.routed_layers), runtime.num_kv_heads)
     total = shape[0] * shape[1]
     targets = {msr: max(1, round(msr * total)) for msr in msrs}
-    start, start_path = None, []
-    if args.start:
-        file, start_msr = split_set_reference(args.start, option="--start")
-        earlier = read_head_sets(file, option="--start")
-        start = earlier.at(start_msr, msr_option="--start")
-        start_path = [list(head) for head in earlier.path[:int((~start).sum())]]
-        sparse_heads = {tuple(head) for head in (~start).nonzero().tolist()}
-        if earlier.shape != shape or {tuple(head) for head in start_path} != sparse_heads:
-            parser.error(f"--start {args.start}: not a point of that file's path for a model of {shape[0]} routed "
-                         f"layers and {shape[1]} KV heads (give a file of scripts/head_set_search.py on this model)")
+    if start is not None:
+        if tuple(start.shape) != shape:
+            parser.error(f"--start {args.start}: its sets are {list(start.shape)} ([layers, KV heads]), this model "
+                         f"routes {list(shape)} (give a search of this model)")
         if any(target <= len(start_path) for target in targets.values()):
             parser.error(f"--msr {args.msr}: every MSR must lie above the start's ({len(start_path) / total:.3f})")
 

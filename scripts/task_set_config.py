@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,7 @@ def sparsest_point_keeping(rows: Sequence[dict], task: str, share: float) -> tup
 def main(argv: Sequence[str] | None = None) -> dict:
     import yaml
 
+    from elastic_attention.errors import ConfigError
     from elastic_attention.head_sets import read_head_sets
     from elastic_attention.io import atomic_write_text
     from elastic_attention.training.train_config import TrainConfig
@@ -78,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     config = yaml.safe_load(args.base.read_text(encoding="utf-8"))
     if args.choice_msrs is not None:
         config["head_set_choices_msrs"] = [float(text) for text in args.choice_msrs.split(",") if text.strip()]
+    if not isinstance(config.get("elastic"), dict) or not config.get("head_set_choices_msrs") \
+            or not config.get("initial_full_heads"):
+        parser.error(f"{args.base} is not a head-set router's config: it needs `elastic`, `initial_full_heads` and "
+                     "`head_set_choices_msrs` (or give --choice-msrs)")
     full_rows = [row for path in args.full for row in json.loads(path.read_text(encoding="utf-8"))["results"]
                  if row["mode"] == "full"]
     extra, chosen = list(config.get("head_set_choices_extra") or []), {}
@@ -88,7 +94,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         rows = [row for path in evals for row in json.loads(Path(path).read_text(encoding="utf-8"))["results"]]
         own_full = {(row["task"], row["length"]) for row in rows if row["mode"] == "full"}
         rows += [row for row in full_rows if (row["task"], row["length"]) not in own_full]
-        mode, points = sparsest_point_keeping(rows, task, args.share)
+        try:
+            mode, points = sparsest_point_keeping(rows, task, args.share)
+        except ValueError as error:
+            parser.error(str(error))
         for name, entry in sorted(points.items(), key=lambda item: item[1]["msr"]):
             kept = ", ".join(f"{length // 1024}K {value:.0%}" for length, value in sorted(entry["kept"].items()))
             print(f"{task} {name} (MSR {entry['msr']:.3f}): {kept}")
@@ -110,9 +119,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     config["head_set_choices_extra"] = extra
     config["elastic"]["head_set_choices"] = len(config["head_set_choices_msrs"]) + len(extra)
     header = (f"# elastic-attention train {args.out} model={config['model']} output_dir=runs/{args.out.stem}\n"
-              f"# written by: python scripts/task_set_config.py {' '.join(argv if argv is not None else sys.argv[1:])}\n")
+              f"# written by: python scripts/task_set_config.py {shlex.join(argv if argv is not None else sys.argv[1:])}\n")
     atomic_write_text(args.out, header + yaml.safe_dump(config, sort_keys=False, width=120))
-    TrainConfig.from_yaml(args.out).head_set_choices()  # the config trains: its sets load, one per choice
+    try:
+        TrainConfig.from_yaml(args.out).head_set_choices()  # the config trains: its sets load, one per choice
+    except ConfigError as error:
+        args.out.unlink()
+        parser.error(f"the config written would not train ({error}); nothing kept at {args.out}")
     return chosen
 
 

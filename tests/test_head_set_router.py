@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -526,12 +527,16 @@ def test_a_set_losses_file_of_other_packs_or_sets_is_refused(tmp_path, random_su
         TrainConfig(model="m", set_losses_file=written)
 
 
+
+@pytest.mark.parametrize("budget", [1100, 300], ids=["steps_fit", "first_visits_spend_it"])
 def test_first_visit_forwards_spend_the_budget_but_do_not_run_the_schedules_ahead(tmp_path, random_suite_backbone,
-                                                                                 monkeypatch):
-    """Fake clock: under the expected objective each pack's first visit takes 200 s, each step 1 s more; with 1100 s
-    for 6 steps of one pack the run ends by its steps. Oracle: the position written out by hand, max(step, (elapsed
-    - first visits) / (1100 - first visits) * 6), which stays on the steps; taking the first visits as the steps'
-    pace (elapsed / 1100 * 6) would have run ahead of them."""
+                                                                                 monkeypatch, budget):
+    """Fake clock: under the expected objective each pack's first visit takes 200 s, each step 1 s more, 6 steps of
+    one pack. Oracle: the clock replayed by hand and the rule written out: the steps' own seconds over what the budget
+    leaves them once every first visit is paid (those ahead at the mean cost so far), or, when the first visits alone
+    would spend it, the share of the budget spent. With 1100 s the run ends by its steps and its schedules stay on
+    them, where taking the first visits as the steps' pace (elapsed / 1100 * 6) would have run ahead; with 300 s the
+    budget stops it in the first epoch and the schedules follow the share spent."""
     from elastic_attention.training import train
     from elastic_attention.training import trainer as trainer_module
 
@@ -551,25 +556,54 @@ def test_first_visit_forwards_spend_the_budget_but_do_not_run_the_schedules_ahea
     monkeypatch.setattr(trainer_module.RouterTrainer, "_pack_under_each_set", slow_first_visit)
     search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
     config = TrainConfig.from_yaml(write_config(
-        tmp_path, random_suite_backbone, "visits", steps=6, max_seconds=1100, lr_schedule="cosine",
+        tmp_path, random_suite_backbone, "visits", steps=6, max_seconds=budget, lr_schedule="cosine",
         warmup_fraction=0.0, packs_per_step=1, checkpoint_every=0, initial_full_heads=str(search),
         head_set_choices_msrs=[0.0, 0.75, 1.0], head_set_objective="expected",
         data={"tasks": ["needle_single", "local_recall"], "lengths": [200, 260], "rows": 4, "budget": 600},
         elastic={"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3}))
     summary = train(config, progress=False)
     packs = summary["packs_run_under_each_set"]
-    assert 2 <= packs <= 4 and summary["steps"] == 6 and summary["first_visit_seconds"] == 200.0 * packs
+    assert 2 <= packs <= 4
     elapsed, visits, positions, paced = 0.0, 0, [], []
-    for step in range(6):  # the clock as the trainer reads it before each step
-        positions.append(max(step, (elapsed - 200.0 * visits) / (1100 - 200.0 * visits) * 6))
-        paced.append(max(step, elapsed / 1100 * 6))
+    for step in range(6):  # the clock as the trainer reads it before each step (every pack is first seen by step 4)
+        if elapsed >= budget:
+            break
+        pending = 200.0 * (packs - visits) if visits else 0.0
+        left = budget - 200.0 * visits - pending
+        positions.append(max(step, elapsed / budget * 6) if left <= 0 else
+                         max(step, (elapsed - 200.0 * visits) / left * 6))
+        paced.append(max(step, elapsed / budget * 6))
         if step < packs:  # each step of the first epoch visits a new pack
             visits, elapsed = visits + 1, elapsed + 200.0
         elapsed += 1.0
-    assert positions == pytest.approx(list(range(6)))
-    assert all(paced[step] > step for step in range(1, packs + 1))
+    assert summary["steps"] == len(positions) and summary["first_visit_seconds"] == 200.0 * visits
+    if budget == 1100:
+        assert positions == pytest.approx(list(range(6)))
+        assert all(paced[step] > step for step in range(1, packs + 1))
+    else:
+        assert summary["stopped_by"] == "max_seconds" and positions[-1] > len(positions)
     rows = list(csv.DictReader((tmp_path / "visits" / "metrics.csv").open()))
     assert [float(row["temperature"]) for row in rows] == pytest.approx(
         [config.temperature.at(position, 6) for position in positions])
     assert [float(row["lr"]) for row in rows] == pytest.approx(
         [config.router_lr * 0.5 * (1 + math.cos(math.pi * position / 6)) for position in positions])
+
+
+def test_a_checkpoint_carries_the_first_visits_and_a_resume_counts_on_from_them(tmp_path, random_suite_backbone):
+    """The first visits' seconds and count are saved with the step, so a resumed run's schedule position goes on
+    from them."""
+    from elastic_attention.training import train
+
+    search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
+    config = TrainConfig.from_yaml(write_config(
+        tmp_path, random_suite_backbone, "resume", steps=3, max_seconds=1000, packs_per_step=1, checkpoint_every=1,
+        initial_full_heads=str(search), head_set_choices_msrs=[0.0, 0.75, 1.0], head_set_objective="expected",
+        data={"tasks": ["needle_single", "local_recall"], "lengths": [200, 260], "rows": 4, "budget": 600},
+        elastic={"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3}))
+    first = train(config, progress=False)
+    saved = json.loads((tmp_path / "resume" / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert saved["first_visits"] == 2 and 0 < saved["first_visit_seconds"] <= first["first_visit_seconds"]
+    shutil.rmtree(tmp_path / "resume" / "router")
+    (tmp_path / "resume" / "summary.json").unlink()
+    resumed = train(config, resume=True, progress=False)
+    assert resumed["steps"] == 3 and resumed["first_visit_seconds"] >= saved["first_visit_seconds"]

@@ -820,4 +820,6 @@ def test_schedule_position_spreads_what_the_budget_leaves_over_the_steps():
     assert schedule_position(6, 10, 50.0, 100.0) == 6.0  # the steps ahead of the clock
     assert schedule_position(2, 10, 60.0, 100.0, first_visit_seconds=50.0) == 2.0  # 10 of the 50 s left
     assert schedule_position(2, 10, 75.0, 100.0, first_visit_seconds=50.0) == 5.0
-    assert schedule_position(1, 10, 120.0, 100.0, first_visit_seconds=100.0) == 10.0  # nothing left: the end
+    assert schedule_position(2, 10, 75.0, 100.0, 40.0, pending_first_visit_seconds=10.0) == 7.0  # 35 s of 50
+    # first visits alone would spend the budget: the share of it spent, not the end at once
+    assert schedule_position(1, 100, 11.0, 400.0, 10.0, pending_first_visit_seconds=490.0) == 2.75

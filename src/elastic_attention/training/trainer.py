@@ -74,8 +74,10 @@ class RouterTrainer:
         self.step = 0
         self.train_seconds = 0.0  # seconds spent in training steps, over resumes too
         #: of those, seconds of the no-grad forwards that fill a pack's set losses at its first visit (later visits
-        #: reuse them, so they say nothing of what the remaining steps cost)
+        #: reuse them, so they say nothing of what the remaining steps cost), and how many packs they filled
         self.first_visit_seconds = 0.0
+        self.first_visits = 0
+        self._first_visit_step: dict[int, int] | None = None
         self.history: list[dict] = []
         self._lock = None
 
@@ -346,18 +348,36 @@ class RouterTrainer:
         `schedule_position`."""
         if self.config.max_seconds is None:
             return float(self.step)
-        first_visits = self._agreed_seconds(self.first_visit_seconds)
-        return schedule_position(self.step, self.config.steps, self.train_seconds, self.config.max_seconds,
-                                 first_visits)
+        spent = self._agreed_seconds(self.first_visit_seconds)
+        pending = self._agreed_seconds(self._pending_first_visit_seconds())
+        return schedule_position(self.step, self.config.steps, self.train_seconds, self.config.max_seconds, spent,
+                                 pending)
+
+    def _pending_first_visit_seconds(self) -> float:
+        """Seconds the first visits still ahead of this process will take, at the mean cost of those done so far
+        (0 before the first, and when no pack is left to visit)."""
+        if self.config.head_set_objective != "expected" or not self.first_visits:
+            return 0.0
+        if self._first_visit_step is None:  # pack -> the step that first visits it on this process, once
+            self._first_visit_step = {}
+            for step in range(self.config.steps):
+                for position, index in enumerate(self.pack_order(step)):
+                    if position % self.world_size == self.rank:
+                        self._first_visit_step.setdefault(index, step)
+                if len(self._first_visit_step) == len(self.packs):
+                    break
+        pending = sum(1 for index, step in self._first_visit_step.items()
+                      if step >= self.step and id(self.packs[index]) not in self.set_losses)
+        return self.first_visit_seconds / self.first_visits * pending
 
     def train_step(self) -> dict:
         """One optimizer step over the packs of ``self.step`` that belong to this process."""
         config = self.config
-        position = self.schedule_step()
-        temperature = config.temperature.at(position, config.steps)
+        schedule_at = self.schedule_step()
+        temperature = config.temperature.at(schedule_at, config.steps)
         for router in routers_of(self.model).values():
             router.temperature = temperature
-        scale = self._lr_scale(position)
+        scale = self._lr_scale(schedule_at)
         for group in self.optimizer.param_groups[:2]:
             group["lr"] = config.router_lr * scale
         self.optimizer.zero_grad(set_to_none=True)
@@ -410,6 +430,7 @@ class RouterTrainer:
             began = time.perf_counter()
             self.set_losses[id(pack)] = self._pack_under_each_set(pack)
             self.first_visit_seconds += time.perf_counter() - began
+            self.first_visits += 1
         losses, router_input, tokens = self.set_losses[id(pack)]
         probabilities = torch.softmax(router.choice_logits(router_input.to(self.device)) / router.temperature, dim=-1)
         losses = losses.to(self.device)
@@ -505,7 +526,8 @@ class RouterTrainer:
             return None
         _, groups = flatten_optimizer(self.optimizer.state_dict())
         scalars = {"param_groups": groups, "history": self.history, "config": self.config.to_dict(),
-                   "train_seconds": self.train_seconds, "first_visit_seconds": self.first_visit_seconds}
+                   "train_seconds": self.train_seconds, "first_visit_seconds": self.first_visit_seconds,
+                   "first_visits": self.first_visits}
         return save_checkpoint(self.output_dir / "checkpoints", self.step, tensors, scalars)
 
     def _router_buffers(self) -> dict[str, torch.Tensor]:
@@ -532,6 +554,7 @@ class RouterTrainer:
         self.step, self.history = step, scalars["history"]
         self.train_seconds = scalars.get("train_seconds", 0.0)  # absent in checkpoints written before max_seconds
         self.first_visit_seconds = scalars.get("first_visit_seconds", 0.0)
+        self.first_visits = scalars.get("first_visits", 0)
         if self.rank == 0:
             rewrite_metrics(self.output_dir / "metrics.csv", self.history)
         logger.info("resumed from step %d", step)
@@ -624,21 +647,22 @@ def supervised_token_losses(model, pack: Pack, device: torch.device,
 
 
 def schedule_position(step: int, steps: int, train_seconds: float, max_seconds: float,
-                      first_visit_seconds: float = 0.0) -> float:
+                      first_visit_seconds: float = 0.0, pending_first_visit_seconds: float = 0.0) -> float:
     """Where a run's schedules (warm-up, learning rate, temperature) stand, in steps, under a time budget: ``step``,
-    or further when the budget would run out first: the share of it the steps themselves have spent, over what the
-    budget leaves them, of ``steps``:
-    ``max(step, (train_seconds - first_visit_seconds) / (max_seconds - first_visit_seconds) * steps)``.
+    or further when the budget would run out first: the seconds the steps themselves have spent, over what the
+    budget leaves them once every first visit is paid, of ``steps``:
+    ``max(step, (train_seconds - first_visit_seconds) / (max_seconds - first_visit_seconds - pending) * steps)``.
 
-    ``first_visit_seconds`` (within ``train_seconds``) went to work done once per pack, at its first visit (the C
-    forwards of ``head_set_objective: expected``): counted against the budget, not taken as the pace of the steps
-    left, which reuse it. A run whose steps proper fit in the budget so keeps its schedules on the steps, however long
-    its first epoch; one the budget stops reaches each schedule's end as it stops; ``steps`` once first visits alone
-    have spent the budget.
+    First visits do work once per pack that later visits reuse (the C forwards of ``head_set_objective:
+    expected``): ``first_visit_seconds`` were spent on them (within ``train_seconds``), ``pending_first_visit_seconds``
+    are estimated still to come. They count against the budget but are not taken as the pace of the steps, so a run
+    whose steps fit in what the first visits leave keeps its schedules on the steps, however long its first epoch,
+    and one the budget stops reaches each schedule's end as it stops. When the first visits alone would spend the
+    budget, the schedules follow the share of it spent, ``train_seconds / max_seconds * steps``.
     """
-    left = max_seconds - first_visit_seconds
+    left = max_seconds - first_visit_seconds - pending_first_visit_seconds
     if left <= 0:
-        return float(steps)
+        return max(float(step), train_seconds / max_seconds * steps)
     return max(float(step), (train_seconds - first_visit_seconds) / left * steps)
 
 
