@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -36,17 +35,18 @@ def sparsest_point_keeping(rows: Sequence[dict], task: str, share: float) -> tup
     Raises:
         ValueError: a length with a heads cell of ``task`` has no full-attention cell of it.
     """
-    full = {row["length"]: row["accuracy"] for row in rows if row["mode"] == "full" and row["task"] == task}
+    from elastic_attention.evaluation.frontier import point
+
     points: dict[str, dict] = {}
     for row in rows:
         if row["task"] != task or not row["mode"].startswith("heads@"):
             continue
-        if row["length"] not in full:
+        measured = point(rows, row["mode"], row["length"], [task])  # retention as the frontier counts it
+        if measured is None:
             raise ValueError(f"{task} has a {row['mode']} cell at {row['length']} tokens but no full-attention cell "
                              f"there: give an eval.json that has one (--full)")
-        kept = row["accuracy"] / full[row["length"]] if full[row["length"]] else math.nan
         entry = points.setdefault(row["mode"], {"msr": row["msr"], "kept": {}})
-        entry["kept"][row["length"]] = kept
+        entry["kept"][row["length"]] = measured.tasks[task]
     keeping = [mode for mode, entry in points.items() if all(value >= share for value in entry["kept"].values())]
     return max(keeping, key=lambda mode: points[mode]["msr"], default=None), points
 

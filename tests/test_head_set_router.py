@@ -589,11 +589,23 @@ def test_first_visit_forwards_spend_the_budget_but_do_not_run_the_schedules_ahea
         [config.router_lr * 0.5 * (1 + math.cos(math.pi * position / 6)) for position in positions])
 
 
-def test_a_checkpoint_carries_the_first_visits_and_a_resume_counts_on_from_them(tmp_path, random_suite_backbone):
-    """The first visits' seconds and count are saved with the step, so a resumed run's schedule position goes on
-    from them."""
+def test_a_checkpoint_carries_the_first_visits_and_a_resume_counts_on_from_them(tmp_path, random_suite_backbone,
+                                                                                monkeypatch):
+    """Fake clock, each first visit 10 s: the checkpoint of step 2 holds the two visits so far (20 s), and the resumed
+    run, whose step 2 computes its pack's set losses again (they are not in the checkpoint), counts on from there
+    (30 s); a resume that dropped them would report 10 s."""
     from elastic_attention.training import train
+    from elastic_attention.training import trainer as trainer_module
 
+    clock = [0.0]
+    monkeypatch.setattr(trainer_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    first_visit = trainer_module.RouterTrainer._pack_under_each_set
+
+    def ten_second_visit(self, pack):
+        clock[0] += 10.0
+        return first_visit(self, pack)
+
+    monkeypatch.setattr(trainer_module.RouterTrainer, "_pack_under_each_set", ten_second_visit)
     search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
     config = TrainConfig.from_yaml(write_config(
         tmp_path, random_suite_backbone, "resume", steps=3, max_seconds=1000, packs_per_step=1, checkpoint_every=1,
@@ -601,9 +613,12 @@ def test_a_checkpoint_carries_the_first_visits_and_a_resume_counts_on_from_them(
         data={"tasks": ["needle_single", "local_recall"], "lengths": [200, 260], "rows": 4, "budget": 600},
         elastic={"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3}))
     first = train(config, progress=False)
+    assert first["first_visit_seconds"] == 10.0 * min(3, first["packs_run_under_each_set"])
     saved = json.loads((tmp_path / "resume" / "checkpoints" / "step-000002" / "state.json").read_text())
-    assert saved["first_visits"] == 2 and 0 < saved["first_visit_seconds"] <= first["first_visit_seconds"]
+    assert (saved["first_visits"], saved["first_visit_seconds"]) == (2, 20.0)
     shutil.rmtree(tmp_path / "resume" / "router")
     (tmp_path / "resume" / "summary.json").unlink()
+    shutil.rmtree(tmp_path / "resume" / "checkpoints" / "step-000003")  # as the run left it before its last step
+    (tmp_path / "resume" / "checkpoints" / "latest").write_text("step-000002")
     resumed = train(config, resume=True, progress=False)
-    assert resumed["steps"] == 3 and resumed["first_visit_seconds"] >= saved["first_visit_seconds"]
+    assert resumed["steps"] == 3 and resumed["first_visit_seconds"] == 30.0
