@@ -344,13 +344,14 @@ def test_a_forced_head_set_runs_that_set_for_every_prompt_and_keeps_what_the_rou
         force_head_set(per_head, 0)
 
 
-def _expected_trainer(tmp_path, backbone, lm_loss="cross_entropy", pooling=None, **extra):
+def _expected_trainer(tmp_path, backbone, lm_loss="cross_entropy", pooling=None, path=((0, 1), (1, 0), (0, 0)),
+                      msrs=(0.0, 0.75, 1.0), **extra):
     tmp_path.mkdir(parents=True, exist_ok=True)
-    search = write_search(tmp_path / "search.json", [[0, 1], [1, 0], [0, 0]])
+    search = write_search(tmp_path / "search.json", [list(head) for head in path])
     elastic = {"block_size": 32, "sink_tokens": 32, "local_tokens": 64, "xa_stride": 8, "head_set_choices": 3,
                "router_standardize": True, **(pooling or {})}
     config = TrainConfig.from_yaml(write_config(tmp_path, backbone, "run", elastic=elastic, checkpoint_every=0,
-                                                initial_full_heads=str(search), head_set_choices_msrs=[0.0, 0.75, 1.0],
+                                                initial_full_heads=str(search), head_set_choices_msrs=list(msrs),
                                                 initial_full_probability=0.5, head_set_objective="expected",
                                                 lm_loss=lm_loss, **extra))
     trainer = RouterTrainer(config, progress=False)
@@ -525,6 +526,31 @@ def test_a_set_losses_file_of_other_packs_or_sets_is_refused(tmp_path, random_su
         _expected_trainer(tmp_path / "c", random_suite_backbone, set_losses_file=str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="holds the losses of `head_set_objective: expected`"):
         TrainConfig(model="m", set_losses_file=written)
+    with pytest.raises(ConfigError, match=r"sets of MSR \[0.0, 0.75, 1.0\], this run's sets have \[0.0, 0.5, 1.0\]"):
+        _expected_trainer(tmp_path / "d", random_suite_backbone, steps=1, set_losses_file=written, msrs=(0.0, 0.5, 1.0))
+
+
+def test_a_set_losses_file_of_other_heads_at_the_same_msrs_is_refused_unless_it_predates_set_digests(
+        tmp_path, random_suite_backbone):
+    """Oracle: the sets worked out from the two paths by hand. The last head of the path differs, so the middle set
+    (MSR 0.75) runs head (1, 1) full in one run and head (0, 0) in the other; the MSRs alone cannot tell them apart."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    first = _expected_trainer(tmp_path / "a", random_suite_backbone, steps=1)
+    written = first.finish(first.train())["set_losses"]
+    other_path = ((0, 1), (1, 0), (1, 1))
+    with pytest.raises(ConfigError, match=r"other head sets than this run's at set \[1\] \(same MSRs, other heads\)"):
+        _expected_trainer(tmp_path / "b", random_suite_backbone, steps=1, set_losses_file=written, path=other_path)
+
+    with safe_open(written, "pt") as handle:  # a file written before the sets' digests were recorded
+        metadata = {key: value for key, value in handle.metadata().items() if key != "set_digests"}
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    older = tmp_path / "older.safetensors"
+    save_file(tensors, str(older), metadata=metadata)
+    read = _expected_trainer(tmp_path / "c", random_suite_backbone, steps=1, set_losses_file=str(older),
+                             path=other_path)
+    assert len(read.set_losses) == len(first.set_losses)
 
 
 

@@ -13,10 +13,11 @@ forward stopping at layer 0's keys.
 
 Tensors, for the i-th pack of the run's pack list: ``{i}.losses`` [N, C] float32 (each sample's summed token loss
 under each set), ``{i}.router_input`` [N, Hkv, D] float32, ``{i}.tokens`` [N] int64 (supervised tokens per sample).
-Metadata: ``tasks`` (per saved pack, its samples' tasks), ``digests`` (per saved pack, the SHA-256 of its input_ids)
-and ``set_msrs``, which a reading run checks against its own packs and sets, and ``router_pooling`` ([pool_first,
-pool_last] of the router inputs; files written before it was recorded lack it, and a reading run treats their inputs
-as unknown).
+Metadata: ``tasks`` (per saved pack, its samples' tasks), ``digests`` (per saved pack, the SHA-256 of its input_ids),
+``set_msrs`` and ``set_digests`` (per set, the SHA-256 of its [R, Hkv] full-attention mask), which a reading run
+checks against its own packs and sets (two sets of one MSR can hold other heads: files written before the sets'
+digests were recorded are checked by MSR alone), and ``router_pooling`` ([pool_first, pool_last] of the router
+inputs; files written before it was recorded lack it, and a reading run treats their inputs as unknown).
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from elastic_attention.io import atomic_write_bytes
 FORMAT = "elastic-attention set losses 1"
 
 
-def save_set_losses(path: str | Path, packs: list, set_losses: dict[int, tuple], set_msrs: list[float],
+def save_set_losses(path: str | Path, packs: list, set_losses: dict[int, tuple], head_sets: torch.Tensor,
                     router_pooling: tuple[int, int]) -> Path:
     """Write the entries of ``set_losses`` (id(pack) -> (losses, router_input, tokens)) of the packs in ``packs``,
-    by each pack's index there, atomically; ``router_pooling`` is the (pool_first, pool_last) of the inputs."""
+    by each pack's index there, atomically; ``head_sets`` [C, R, Hkv] are the sets the losses were computed under
+    (nonzero = full attention), ``router_pooling`` the (pool_first, pool_last) of the inputs."""
     from safetensors.torch import save
 
     tensors, tasks, digests = {}, {}, {}
@@ -49,19 +51,20 @@ def save_set_losses(path: str | Path, packs: list, set_losses: dict[int, tuple],
                         f"{index}.tokens": tokens.long().contiguous()})
         tasks[index], digests[index] = list(pack.tasks), _digest(pack)
     metadata = {"format": FORMAT, "tasks": json.dumps(tasks), "digests": json.dumps(digests),
-                "set_msrs": json.dumps([float(msr) for msr in set_msrs]),
+                "set_msrs": json.dumps(_set_msrs(head_sets)), "set_digests": json.dumps(_set_digests(head_sets)),
                 "router_pooling": json.dumps([int(span) for span in router_pooling])}
     atomic_write_bytes(path, save(tensors, metadata=metadata))
     return Path(path)
 
 
-def load_set_losses(path: str | Path, packs: list, set_msrs: list[float]) -> tuple[dict[int, tuple], tuple | None]:
+def load_set_losses(path: str | Path, packs: list, head_sets: torch.Tensor) -> tuple[dict[int, tuple], tuple | None]:
     """(id(pack) -> (losses, router_input, tokens) for each pack of ``packs`` that the file at ``path`` holds,
-    the (pool_first, pool_last) its router inputs were pooled with, None where the file does not say).
+    the (pool_first, pool_last) its router inputs were pooled with, None where the file does not say), for a run
+    whose sets are ``head_sets`` [C, R, Hkv].
 
     Raises:
         ConfigError: not such a file, or one written for other packs (their tasks or tokens differ: another data
-            config or tokenizer) or other sets (their MSRs differ).
+            config or tokenizer) or other sets (their MSRs differ, or, where the file records them, their heads).
     """
     from safetensors import safe_open
 
@@ -69,11 +72,19 @@ def load_set_losses(path: str | Path, packs: list, set_msrs: list[float]) -> tup
         metadata = handle.metadata() or {}
         if metadata.get("format") != FORMAT:
             raise ConfigError(f"set_losses_file {path} is not a set_losses.safetensors of a head-set run")
-        written_msrs = json.loads(metadata["set_msrs"])
+        written_msrs, set_msrs = json.loads(metadata["set_msrs"]), _set_msrs(head_sets)
         if len(written_msrs) != len(set_msrs) or any(abs(a - b) > 1e-6 for a, b in zip(written_msrs, set_msrs)):
             raise ConfigError(f"set_losses_file {path} holds losses under sets of MSR {written_msrs}, this run's sets "
                               f"have {[round(float(msr), 6) for msr in set_msrs]}: give the file of a run with the "
                               "same head_set_choices_msrs (and extra sets)")
+        if "set_digests" in metadata:
+            differ = [index for index, (written, ours) in enumerate(zip(json.loads(metadata["set_digests"]),
+                                                                         _set_digests(head_sets))) if written != ours]
+            if differ:
+                raise ConfigError(f"set_losses_file {path} holds losses under other head sets than this run's at "
+                                  f"set{'s' if len(differ) > 1 else ''} {differ} (same MSRs, other heads): give the "
+                                  "file of a run with the same sets (initial_full_heads, head_set_choices_msrs and "
+                                  "extra sets)")
         tasks, digests = json.loads(metadata["tasks"]), json.loads(metadata["digests"])
         found = {}
         for key in tasks:
@@ -85,6 +96,15 @@ def load_set_losses(path: str | Path, packs: list, set_msrs: list[float]) -> tup
                                             for name in ("losses", "router_input", "tokens"))
     pooling = metadata.get("router_pooling")
     return found, None if pooling is None else tuple(json.loads(pooling))
+
+
+def _set_msrs(head_sets: torch.Tensor) -> list[float]:
+    return (1.0 - (head_sets != 0).double().mean(dim=(1, 2))).tolist()
+
+
+def _set_digests(head_sets: torch.Tensor) -> list[str]:
+    masks = (head_sets != 0).cpu().contiguous()
+    return [hashlib.sha256(str(tuple(mask.shape)).encode() + mask.numpy().tobytes()).hexdigest() for mask in masks]
 
 
 def _digest(pack) -> str:

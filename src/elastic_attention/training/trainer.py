@@ -136,7 +136,7 @@ class RouterTrainer:
         #: the sets are fixed, so a pack's are the same at every visit: its C forwards run at its first visit only.
         self.set_losses: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         if config.set_losses_file is not None:
-            self.set_losses, pooling = load_set_losses(config.set_losses_file, self.packs, self._set_msrs())
+            self.set_losses, pooling = load_set_losses(config.set_losses_file, self.packs, self._head_sets())
             logger.info("%d of %d packs' losses under each set read from %s", len(self.set_losses),
                         len(self.packs), config.set_losses_file)
             if pooling != self._router_pooling():
@@ -240,10 +240,10 @@ class RouterTrainer:
         logger.info("router inputs of %d packs read again: the file's were pooled %s, this run pools %s",
                     len(self.set_losses), read, ours)
 
-    def _set_msrs(self) -> list[float]:
-        """The MSR of each set of the head-set router (``head_set_objective: expected`` trains one)."""
+    def _head_sets(self) -> torch.Tensor:
+        """[C, R, Hkv] the sets of the head-set router (``head_set_objective: expected`` trains one)."""
         (router,) = routers_of(self.model).values()
-        return router.set_msrs().tolist()
+        return router.head_sets
 
     def _build_packs(self) -> list[Pack]:
         data = self.config.data
@@ -571,7 +571,7 @@ class RouterTrainer:
         summary = {**summary, "adapter": str(adapter), "config": self.config.to_dict()}
         if self.set_losses:
             summary["set_losses"] = str(save_set_losses(self.output_dir / "set_losses.safetensors", self.packs,
-                                                        self.set_losses, self._set_msrs(),
+                                                        self.set_losses, self._head_sets(),
                                                         self._router_pooling()))
         atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
         write_plot(plot_training, self.history, self.output_dir)
