@@ -103,10 +103,14 @@ def _set_msrs(head_sets: torch.Tensor) -> list[float]:
 
 
 def _set_digests(head_sets: torch.Tensor) -> list[str]:
-    masks = (head_sets != 0).cpu().contiguous()
-    return [hashlib.sha256(str(tuple(mask.shape)).encode() + mask.numpy().tobytes()).hexdigest() for mask in masks]
+    return [_tensor_digest(mask) for mask in head_sets != 0]
 
 
 def _digest(pack) -> str:
-    ids = pack.input_ids.cpu().contiguous()
-    return hashlib.sha256(str(tuple(ids.shape)).encode() + ids.numpy().tobytes()).hexdigest()
+    return _tensor_digest(pack.input_ids)
+
+
+def _tensor_digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's shape and values."""
+    values = tensor.cpu().contiguous()
+    return hashlib.sha256(str(tuple(values.shape)).encode() + values.numpy().tobytes()).hexdigest()

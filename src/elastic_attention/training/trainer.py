@@ -293,7 +293,7 @@ class RouterTrainer:
         step_seconds, step_tokens = [], []
         stopped_by = "steps"
         while self.step < config.steps:
-            self.train_seconds = self._agreed_seconds(seconds_before + time.perf_counter() - started)
+            (self.train_seconds,) = self._agreed_seconds(seconds_before + time.perf_counter() - started)
             if config.max_seconds is not None and self.train_seconds >= config.max_seconds:
                 stopped_by = "max_seconds"
                 break
@@ -334,22 +334,21 @@ class RouterTrainer:
             summary["first_visit_seconds"] = self.first_visit_seconds
         return summary
 
-    def _agreed_seconds(self, seconds: float) -> float:
-        """Rank 0's training seconds on every process, so that all stop at the same step (one broadcast a step,
-        only under a time budget)."""
-        if self.world_size == 1 or self.config.max_seconds is None:
-            return seconds
-        value = torch.tensor([seconds], dtype=torch.float64, device=self.device)
-        dist.broadcast(value, src=0)
-        return float(value)
+    def _agreed_seconds(self, *seconds: float) -> tuple[float, ...]:
+        """Rank 0's values of ``seconds`` on every process, so that all stop at the same step and follow the same
+        schedules (one broadcast a call, only under a time budget)."""
+        if self.world_size > 1 and self.config.max_seconds is not None:
+            value = torch.tensor(seconds, dtype=torch.float64, device=self.device)
+            dist.broadcast(value, src=0)
+            seconds = tuple(value.tolist())
+        return seconds
 
     def schedule_step(self) -> float:
         """Where the schedules stand, in steps: ``self.step``, or further when the time budget is ahead of it. See
         `schedule_position`."""
         if self.config.max_seconds is None:
             return float(self.step)
-        spent = self._agreed_seconds(self.first_visit_seconds)
-        pending = self._agreed_seconds(self._pending_first_visit_seconds())
+        spent, pending = self._agreed_seconds(self.first_visit_seconds, self._pending_first_visit_seconds())
         return schedule_position(self.step, self.config.steps, self.train_seconds, self.config.max_seconds, spent,
                                  pending)
 
