@@ -531,7 +531,7 @@ def test_a_set_losses_file_of_other_packs_or_sets_is_refused(tmp_path, random_su
 
 
 def test_a_set_losses_file_of_other_heads_at_the_same_msrs_is_refused_unless_it_predates_set_digests(
-        tmp_path, random_suite_backbone):
+        tmp_path, random_suite_backbone, caplog):
     """Oracle: the sets worked out from the two paths by hand. The last head of the path differs, so the middle set
     (MSR 0.75) runs head (1, 1) full in one run and head (0, 0) in the other; the MSRs alone cannot tell them apart."""
     from safetensors import safe_open
@@ -548,9 +548,11 @@ def test_a_set_losses_file_of_other_heads_at_the_same_msrs_is_refused_unless_it_
         tensors = {key: handle.get_tensor(key) for key in handle.keys()}
     older = tmp_path / "older.safetensors"
     save_file(tensors, str(older), metadata=metadata)
-    read = _expected_trainer(tmp_path / "c", random_suite_backbone, steps=1, set_losses_file=str(older),
-                             path=other_path)
+    with caplog.at_level("WARNING", logger="elastic_attention.training.set_losses"):
+        read = _expected_trainer(tmp_path / "c", random_suite_backbone, steps=1, set_losses_file=str(older),
+                                 path=other_path)
     assert len(read.set_losses) == len(first.set_losses)
+    assert "records no digests of its head sets" in caplog.text  # said, not silent
 
 
 

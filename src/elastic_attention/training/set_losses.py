@@ -16,7 +16,7 @@ under each set), ``{i}.router_input`` [N, Hkv, D] float32, ``{i}.tokens`` [N] in
 Metadata: ``tasks`` (per saved pack, its samples' tasks), ``digests`` (per saved pack, the SHA-256 of its input_ids),
 ``set_msrs`` and ``set_digests`` (per set, the SHA-256 of its [R, Hkv] full-attention mask), which a reading run
 checks against its own packs and sets (two sets of one MSR can hold other heads: files written before the sets'
-digests were recorded are checked by MSR alone), and ``router_pooling`` ([pool_first, pool_last] of the router
+digests were recorded are checked by MSR alone, with a warning), and ``router_pooling`` ([pool_first, pool_last] of the router
 inputs; files written before it was recorded lack it, and a reading run treats their inputs as unknown).
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -32,6 +33,8 @@ from elastic_attention.errors import ConfigError
 from elastic_attention.io import atomic_write_bytes
 
 FORMAT = "elastic-attention set losses 1"
+
+logger = logging.getLogger(__name__)
 
 
 def save_set_losses(path: str | Path, packs: list, set_losses: dict[int, tuple], head_sets: torch.Tensor,
@@ -77,7 +80,10 @@ def load_set_losses(path: str | Path, packs: list, head_sets: torch.Tensor) -> t
             raise ConfigError(f"set_losses_file {path} holds losses under sets of MSR {written_msrs}, this run's sets "
                               f"have {[round(float(msr), 6) for msr in set_msrs]}: give the file of a run with the "
                               "same head_set_choices_msrs (and extra sets)")
-        if "set_digests" in metadata:
+        if "set_digests" not in metadata:
+            logger.warning("set_losses_file %s records no digests of its head sets (written before they were): its "
+                           "sets are checked by MSR alone, so sets of the same MSRs with other heads would pass", path)
+        else:
             differ = [index for index, (written, ours) in enumerate(zip(json.loads(metadata["set_digests"]),
                                                                          _set_digests(head_sets))) if written != ours]
             if differ:
