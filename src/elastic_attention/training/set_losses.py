@@ -16,8 +16,8 @@ under each set), ``{i}.router_input`` [N, Hkv, D] float32, ``{i}.tokens`` [N] in
 Metadata: ``tasks`` (per saved pack, its samples' tasks), ``digests`` (per saved pack, the SHA-256 of its input_ids),
 ``set_msrs`` and ``set_digests`` (per set, the SHA-256 of its [R, Hkv] full-attention mask), which a reading run
 checks against its own packs and sets (two sets of one MSR can hold other heads: files written before the sets'
-digests were recorded are checked by MSR alone, with a warning), and ``router_pooling`` ([pool_first, pool_last] of the router
-inputs; files written before it was recorded lack it, and a reading run treats their inputs as unknown).
+digests were recorded are checked by MSR alone, with a warning), and ``router_pooling`` ([pool_first, pool_last] of
+the router inputs; files written before it was recorded lack it, and a reading run treats their inputs as unknown).
 """
 
 from __future__ import annotations
