@@ -12,7 +12,7 @@ import torch
 from elastic_attention.assets import TINY_BACKBONE
 from elastic_attention.cli import main as cli_main
 from elastic_attention.config import ElasticConfig
-from elastic_attention.cli import parse_length
+from elastic_attention.units import parse_length
 from elastic_attention.errors import ConfigError, InputError
 from elastic_attention.evaluation.head_ranking import retrieval_scores, static_routing
 from elastic_attention.evaluation.pipeline import evaluate_model, load_backbone, rank_heads, resolve_tasks

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from elastic_attention.errors import ElasticAttentionError, InputError
+from elastic_attention.units import comma_list as _split
+from elastic_attention.units import fraction, length_list, parse_length, positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,33 +310,6 @@ def run_lm_eval(arguments: list[str]) -> int:
     return 0
 
 
-_TOKEN_SUFFIXES = {"k": 1 << 10, "m": 1 << 20}
-
-
-def parse_length(text: str) -> int:
-    """A positive token count: '4k' -> 4096, '1m' -> 1048576, '3000' -> 3000.
-
-    Raises:
-        argparse.ArgumentTypeError: anything else (argparse turns it into a one-line usage error).
-    """
-    cleaned = text.strip().lower()
-    try:
-        value = int(cleaned[:-1]) * _TOKEN_SUFFIXES[cleaned[-1]] if cleaned[-1:] in _TOKEN_SUFFIXES else int(cleaned)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"cannot read length {text!r}: use a token count like 3000, 4k or 1m") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a length must be at least 1 token, got {text!r}")
-    return value
-
-
-def length_list(text: str) -> list[int]:
-    """A comma list of lengths ('2k,4k'), at least one."""
-    lengths = [parse_length(part) for part in _split(text)]
-    if not lengths:
-        raise argparse.ArgumentTypeError(f"no length in {text!r}: give a comma list like 2k,4k")
-    return lengths
-
-
 def mode_list(text: str) -> list[str]:
     """A comma list of evaluation modes, checked against the known modes."""
     from elastic_attention.evaluation.runner import check_modes
@@ -343,30 +318,6 @@ def mode_list(text: str) -> list[str]:
         return check_modes(_split(text))
     except InputError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
-
-
-def _split(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 
 from elastic_attention import ElasticConfig, attach, detach, force_routing
 from elastic_attention.bench.timing import run_header, timed, write_result
-from elastic_attention.cli import parse_length
+from elastic_attention.units import parse_length
 
 MODES = ("plain", "full", "sparse", "full_reference")
 

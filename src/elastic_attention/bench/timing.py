@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from elastic_attention.cli import parse_length
+from elastic_attention.units import parse_length
 from elastic_attention.errors import InputError
 from elastic_attention.io import atomic_write_text
 
@@ -82,7 +82,7 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0, repeats: int = 10) ->
 
 
 def parse_tokens(text: str) -> list[int]:
-    """``"8k,32k,1000,1m"`` -> [8192, 32768, 1000, 1048576] (each read by the CLI's `parse_length`)."""
+    """``"8k,32k,1000,1m"`` -> [8192, 32768, 1000, 1048576] (each read by `units.parse_length`)."""
     return [parse_length(part) for part in text.split(",")]
 
 
