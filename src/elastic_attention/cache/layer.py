@@ -7,13 +7,14 @@ and, on a CUDA GPU with Triton, runs decode steps through the fused kernels of `
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from elastic_attention.cache.stores import (
     SequenceStore,
+    StreamingWindow,
     StagedEntries,
     append_full,
     reserve_full,
@@ -21,6 +22,7 @@ from elastic_attention.cache.stores import (
     write_ring,
 )
 from elastic_attention.cache.triton_decode import (
+    DecodeKernelOptions,
     DecodeSegments,
     decode_step,
     triton_decode_available,
@@ -34,9 +36,41 @@ from elastic_attention.cache.token_attention import (
     token_attention,
 )
 from elastic_attention.errors import InputError
+from elastic_attention.patterns import SequenceLayout
 
-if TYPE_CHECKING:
-    from elastic_attention.cache.bounded import ElasticCache
+
+class LayerOwner(Protocol):
+    """What a layer reads from the cache that holds it (`cache.bounded.ElasticCache`). A protocol, so this module
+    does not import `cache.bounded`, which builds the layers.
+
+    Attributes:
+        layout: the sequences of the forward that is updating the cache (None before the first).
+        window: the streaming heads' sink and local window.
+        model_window: the model's own sliding window on every layer (None: none).
+        softcap: the model's attention-logit soft-cap (None: none).
+        explicit_attention: True when steps attend through `token_attention` (soft-cap, sinks or a model window).
+        fused_decode: True when decode steps may run through the fused kernels.
+        kernel_options: options of the fused decode kernels (None: their defaults).
+        max_length: the most tokens a sequence may reach (None: no limit).
+        static_steps: decode steps replayed in static mode, which the host-side lengths leave out.
+    """
+
+    layout: SequenceLayout | None
+    window: StreamingWindow
+    model_window: int | None
+    softcap: float | None
+    explicit_attention: bool
+    fused_decode: bool
+    kernel_options: DecodeKernelOptions | None
+    max_length: int | None
+    static_steps: int
+
+    def head_lists(self, layer_index: int, sequence: int, num_kv_heads: int) -> tuple[list[int], list[int]]: ...
+
+    def head_split(self, layer_index: int, sequence: int, num_kv_heads: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def prefill_capacity(self, longest: int, device: torch.device, dtype: torch.dtype) -> int: ...
 
 
 class ElasticCacheLayer(CacheLayerMixin):
@@ -47,13 +81,13 @@ class ElasticCacheLayer(CacheLayerMixin):
     is_croppable = False
 
     @property
-    def cache(self) -> ElasticCache:
+    def cache(self) -> LayerOwner:
         cache = self._cache()
         if cache is None:
             raise InputError("this cache layer's ElasticCache is gone; keep the cache while its layers are used")
         return cache
 
-    def __init__(self, cache: ElasticCache, layer_index: int) -> None:
+    def __init__(self, cache: LayerOwner, layer_index: int) -> None:
         super().__init__()
         # A weak reference: a cache and its layers must not form a reference cycle, or a dropped cache keeps its
         # tensors until Python's cycle collector happens to run (GPU memory grew by every generate call's cache).
