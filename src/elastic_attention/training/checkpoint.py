@@ -10,7 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from elastic_attention.errors import ConfigError
+from elastic_attention.integration import routers_of
 from elastic_attention.io import atomic_folder, atomic_write_text
+from elastic_attention.training.distributed import copy_into, full_tensor
 
 LATEST = "latest"
 
@@ -62,3 +64,35 @@ def unflatten_optimizer(tensors: dict[str, torch.Tensor], param_groups: list[dic
             _, index, key = name.split(".", 2)
             state.setdefault(int(index), {})[key] = value
     return {"state": state, "param_groups": param_groups}
+
+
+def training_state(model, objective: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """What a router run's checkpoint keeps as tensors: the trainable (router) parameters of ``model`` (whole, when
+    sharded), its routers' buffers, the objective's multipliers and the optimizer's state, by name."""
+    tensors = {f"router.{name}": full_tensor(p) for name, p in model.named_parameters() if p.requires_grad}
+    tensors.update({f"objective.{name}": p.detach() for name, p in objective.named_parameters()})
+    tensors.update({f"router_buffer.{name}": b.detach() for name, b in router_buffers(model).items()})
+    optimizer_tensors, _ = flatten_optimizer(optimizer.state_dict())
+    tensors.update({name: full_tensor(value) for name, value in optimizer_tensors.items()})
+    return tensors
+
+
+def load_training_state(model, objective: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        tensors: dict[str, torch.Tensor], param_groups: list[dict]) -> None:
+    """Copy a checkpoint's `training_state` and optimizer param groups back into ``model``, ``objective`` and
+    ``optimizer``."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.requires_grad:
+                copy_into(parameter, tensors[f"router.{name}"])
+        for name, buffer in router_buffers(model).items():
+            buffer.copy_(tensors[f"router_buffer.{name}"])
+        for name, parameter in objective.named_parameters():
+            parameter.copy_(tensors[f"objective.{name}"])
+    optimizer.load_state_dict(unflatten_optimizer(tensors, param_groups))
+
+
+def router_buffers(model) -> dict[str, torch.Tensor]:
+    """The routers' buffers (a standardizing router's input statistics), keyed ``{layer}.{name}``."""
+    return {f"{index}.{name}": buffer for index, router in routers_of(model).items()
+            for name, buffer in router.named_buffers()}

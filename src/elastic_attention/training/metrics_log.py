@@ -1,11 +1,16 @@
-"""A run's metric history on disk: ``metrics.csv`` (one row per logged step) and tensorboard event files."""
+"""A run's metric history: one step's metrics gathered over the processes, and on disk ``metrics.csv`` (one row
+per logged step) and tensorboard event files."""
 
 from __future__ import annotations
 
 import csv
 import io
 import logging
+from collections import defaultdict
 from pathlib import Path
+
+import torch
+import torch.distributed as dist
 
 from elastic_attention.io import atomic_write_text
 
@@ -50,3 +55,51 @@ def open_tensorboard(output_dir: Path, step: int):
         logger.info("tensorboard is not installed: logging to metrics.csv only")
         return None
     return SummaryWriter(str(output_dir / "tensorboard"), purge_step=step + 1)
+
+
+def step_metrics(step: int, sums: dict[str, float], task_msr: dict[str, list[float]],
+                 task_lm: dict[str, list[float]], packs: int, objective, device: torch.device, *, temperature: float,
+                 lr: float) -> dict:
+    """One router-training step's metrics row, over every process's packs.
+
+    Args:
+        step: the 1-based step.
+        sums: this process's summed ``lm_loss`` and ``reg_loss`` over its packs.
+        task_msr: task -> this process's MSR of each of its samples.
+        task_lm: task -> this process's [summed answer-token loss, answer tokens].
+        packs: the step's packs on all processes (the sums are averaged over them).
+        objective: the `SparsityObjective` (its tasks and multipliers).
+        device: where the sums are all-reduced (NCCL reduces only device tensors).
+        temperature: the routers' temperature at this step.
+        lr: the routers' learning rate at this step.
+
+    Returns:
+        ``step``, ``lm_loss``, ``reg_loss``, ``temperature``, ``lr`` and, per task, ``msr/``, ``lm_loss/`` (per
+        answer token), ``lambda1/`` and ``lambda2/`` (NaN for a task without samples in this step).
+    """
+    totals = torch.tensor([sums["lm_loss"], sums["reg_loss"]], dtype=torch.float64)
+    gathered = [(task_msr, task_lm)]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        totals = totals.to(device)
+        dist.all_reduce(totals)
+        totals = totals.cpu()
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (dict(task_msr), dict(task_lm)))
+    merged: dict[str, list[float]] = defaultdict(list)
+    answer_loss: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for msr_part, lm_part in gathered:
+        for task, values in msr_part.items():
+            merged[task] += values
+        for task, (total, tokens) in lm_part.items():
+            answer_loss[task][0] += total
+            answer_loss[task][1] += tokens
+    metrics = {"step": step, "lm_loss": float(totals[0]) / packs, "reg_loss": float(totals[1]) / packs,
+               "temperature": temperature, "lr": lr}
+    for index, task in enumerate(objective.tasks):
+        values = merged.get(task)
+        metrics[f"msr/{task}"] = sum(values) / len(values) if values else float("nan")
+        total, tokens = answer_loss.get(task, (0.0, 0))
+        metrics[f"lm_loss/{task}"] = total / tokens if tokens else float("nan")
+        metrics[f"lambda1/{task}"] = float(objective.lambda1.detach()[index])
+        metrics[f"lambda2/{task}"] = float(objective.lambda2.detach()[index])
+    return metrics

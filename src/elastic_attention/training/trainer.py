@@ -5,6 +5,9 @@ routed and attended separately. The loss of a pack is LM cross-entropy (answer t
 objective over its samples; the step's gradient is the mean over packs, so any split of the packs over processes
 gives the same update. Data order and Gumbel noise depend only on (seed, step, pack position): a resumed run
 replays the uninterrupted one.
+
+The per-token losses and the forward over a pack are in `training.losses`, a checkpoint's tensors in
+`training.checkpoint`, a step's metrics in `training.metrics_log`, the schedules' position in `training.schedule`.
 """
 
 from __future__ import annotations
@@ -25,32 +28,37 @@ from elastic_attention.errors import ConfigError
 from elastic_attention.integration import (
     attach,
     force_head_set,
-    is_attached,
     routers_of,
     routing_report,
     runtime_of,
 )
 from elastic_attention.integration.routing import read_router_input
-from elastic_attention.integration.runtime import NOISE_SEED_KWARG, PROMPT_LENGTHS_KWARG
 from elastic_attention.io import atomic_write_text
-from elastic_attention.training.checkpoint import flatten_optimizer, save_checkpoint, unflatten_optimizer
+from elastic_attention.training.checkpoint import (
+    flatten_optimizer,
+    load_training_state,
+    save_checkpoint,
+    training_state,
+)
 from elastic_attention.training.train_config import SUITE_SOURCES, SUITE_TARGETS, TrainConfig, check_task_names
 from elastic_attention.training.plots import plot_training, write_plot
-from elastic_attention.training.distributed import (
-    copy_into,
-    distributed_rank,
-    full_tensor,
-    is_sharded,
-    shard_backbone,
-    training_device,
-)
+from elastic_attention.training.distributed import distributed_rank, is_sharded, shard_backbone, training_device
 from elastic_attention.rows import encode_row
-from elastic_attention.training.data import IGNORE_INDEX, Pack, load_rows, pack_rows
-from elastic_attention.training.metrics_log import append_metrics, open_tensorboard, rewrite_metrics
+from elastic_attention.training.data import Pack, load_rows, pack_rows
+# supervised_loss and supervised_token_losses are imported from here too
+from elastic_attention.training.losses import (  # noqa: F401
+    LM_LOSSES,
+    TeacherCache,
+    distillation_token_losses,
+    forward_pack,
+    supervised_loss,
+    supervised_token_losses,
+)
+from elastic_attention.training.metrics_log import append_metrics, open_tensorboard, rewrite_metrics, step_metrics
 from elastic_attention.training.objective import SparsityObjective
 from elastic_attention.training.run_folder import claim_run_folder, load_for_resume
 from elastic_attention.training.set_losses import load_set_losses, save_set_losses
-from elastic_attention.training.schedule import cosine_decay, linear_warmup
+from elastic_attention.training.schedule import cosine_decay, linear_warmup, schedule_position
 
 logger = logging.getLogger(__name__)
 
@@ -406,7 +414,8 @@ class RouterTrainer:
         if config.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.router_parameters, config.grad_clip)
         self.optimizer.step()
-        return self._metrics(sums, task_msr, task_lm, len(order), temperature, scale)
+        return step_metrics(self.step + 1, sums, task_msr, task_lm, len(order), self.objective, self.device,
+                            temperature=temperature, lr=config.router_lr * scale)
 
     def _pack_terms(self, pack: Pack, noise_seed: int):
         """One pack's LM term (scalar), each sample's MSR ([N], both with the routers' gradient), and each sample's
@@ -473,54 +482,11 @@ class RouterTrainer:
                 dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
                 parameter.grad.div_(self.world_size)
 
-    def _metrics(self, sums, task_msr, task_lm, packs: int, temperature: float, scale: float) -> dict:
-        totals = torch.tensor([sums["lm_loss"], sums["reg_loss"]], dtype=torch.float64)
-        gathered = [(task_msr, task_lm)]
-        if self.world_size > 1:
-            # NCCL reduces only device tensors.
-            totals = totals.to(self.device)
-            dist.all_reduce(totals)
-            totals = totals.cpu()
-            gathered = [None] * self.world_size
-            dist.all_gather_object(gathered, (dict(task_msr), dict(task_lm)))
-        merged: dict[str, list[float]] = defaultdict(list)
-        answer_loss: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        for msr_part, lm_part in gathered:
-            for task, values in msr_part.items():
-                merged[task] += values
-            for task, (total, tokens) in lm_part.items():
-                answer_loss[task][0] += total
-                answer_loss[task][1] += tokens
-        metrics = {
-            "step": self.step + 1,
-            "lm_loss": float(totals[0]) / packs,
-            "reg_loss": float(totals[1]) / packs,
-            "temperature": temperature,
-            "lr": self.config.router_lr * scale,
-        }
-        for task in self.objective.tasks:
-            values = merged.get(task)
-            metrics[f"msr/{task}"] = sum(values) / len(values) if values else float("nan")
-            total, tokens = answer_loss.get(task, (0.0, 0))
-            metrics[f"lm_loss/{task}"] = total / tokens if tokens else float("nan")
-            index = self.objective.tasks.index(task)
-            metrics[f"lambda1/{task}"] = float(self.objective.lambda1.detach()[index])
-            metrics[f"lambda2/{task}"] = float(self.objective.lambda2.detach()[index])
-        return metrics
-
     # -- checkpoints -------------------------------------------------------------------------------------------
-
-    def _state_tensors(self) -> dict[str, torch.Tensor]:
-        tensors = {f"router.{name}": full_tensor(p) for name, p in self.model.named_parameters() if p.requires_grad}
-        tensors.update({f"objective.{name}": p.detach() for name, p in self.objective.named_parameters()})
-        tensors.update({f"router_buffer.{name}": b.detach() for name, b in self._router_buffers().items()})
-        optimizer_tensors, _ = flatten_optimizer(self.optimizer.state_dict())
-        tensors.update({name: full_tensor(value) for name, value in optimizer_tensors.items()})
-        return tensors
 
     def save_checkpoint(self) -> Path | None:
         """Write a checkpoint of the routers, multipliers, optimizer and metric history (rank 0)."""
-        tensors = self._state_tensors()
+        tensors = training_state(self.model, self.objective, self.optimizer)
         if self.rank != 0:
             return None
         _, groups = flatten_optimizer(self.optimizer.state_dict())
@@ -529,27 +495,13 @@ class RouterTrainer:
                    "first_visits": self.first_visits}
         return save_checkpoint(self.output_dir / "checkpoints", self.step, tensors, scalars)
 
-    def _router_buffers(self) -> dict[str, torch.Tensor]:
-        """The routers' buffers (a standardizing router's input statistics), keyed ``{layer}.{name}``."""
-        return {f"{index}.{name}": buffer for index, router in routers_of(self.model).items()
-                for name, buffer in router.named_buffers()}
-
     def _restore(self) -> bool:
         """Load the latest checkpoint; False when there is none."""
         found = load_for_resume(self.output_dir, self.config.to_dict())
         if found is None:
             return False
         step, tensors, scalars = found
-        with torch.no_grad():
-            for name, parameter in self.model.named_parameters():
-                if parameter.requires_grad:
-                    copy_into(parameter, tensors[f"router.{name}"])
-            for name, buffer in self._router_buffers().items():
-                buffer.copy_(tensors[f"router_buffer.{name}"])
-            for name, parameter in self.objective.named_parameters():
-                parameter.copy_(tensors[f"objective.{name}"])
-        optimizer_state = unflatten_optimizer(tensors, scalars["param_groups"])
-        self.optimizer.load_state_dict(optimizer_state)
+        load_training_state(self.model, self.objective, self.optimizer, tensors, scalars["param_groups"])
         self.step, self.history = step, scalars["history"]
         self.train_seconds = scalars.get("train_seconds", 0.0)  # absent in checkpoints written before max_seconds
         self.first_visit_seconds = scalars.get("first_visit_seconds", 0.0)
@@ -619,125 +571,6 @@ def enable_gradient_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def supervised_loss(model, pack: Pack, device: torch.device, noise_seed: int | None = None) -> torch.Tensor:
-    """Mean next-token cross-entropy over the supervised tokens of ``pack`` (float32 scalar); ``noise_seed`` seeds
-    the routing noise of this forward (see `forward_pack`)."""
-    return supervised_token_losses(model, pack, device, noise_seed)[0].mean()
-
-
-def supervised_token_losses(model, pack: Pack, device: torch.device,
-                            noise_seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token cross-entropy of every supervised token of ``pack``: ([K] float32 on ``device``, [K] int64 index
-    of each token's sample in ``pack.spans``, on the CPU).
-
-    Logits are computed only at the positions that predict a labelled token (``logits_to_keep`` with their
-    indices), never [T, vocab] for the whole pack: at long contexts and large vocabularies those would dominate memory.
-    """
-    targets = pack.labels[1:]
-    keep = (targets != IGNORE_INDEX).nonzero().flatten()
-    if keep.numel() == 0:
-        raise ValueError("a pack has no supervised token; every row needs a non-empty answer")
-    output = forward_pack(model, pack, device, logits_to_keep=keep.to(device), noise_seed=noise_seed)
-    losses = torch.nn.functional.cross_entropy(output.logits[0].float(), targets[keep].to(device), reduction="none")
-    starts = torch.tensor([start for start, _, _ in pack.spans])
-    return losses, torch.bucketize(keep + 1, starts, right=True) - 1  # label position keep + 1 lies in that sample
-
-
-def schedule_position(step: int, steps: int, train_seconds: float, max_seconds: float,
-                      first_visit_seconds: float = 0.0, pending_first_visit_seconds: float = 0.0) -> float:
-    """Where a run's schedules (warm-up, learning rate, temperature) stand, in steps, under a time budget: ``step``,
-    or further when the budget would run out first: the seconds the steps themselves have spent, over what the
-    budget leaves them once every first visit is paid, of ``steps``:
-    ``max(step, (train_seconds - first_visit_seconds) / (max_seconds - first_visit_seconds - pending) * steps)``.
-
-    First visits do work once per pack that later visits reuse (the C forwards of ``head_set_objective:
-    expected``): ``first_visit_seconds`` were spent on them (within ``train_seconds``), ``pending_first_visit_seconds``
-    are estimated still to come. They count against the budget but are not taken as the pace of the steps, so a run
-    whose steps fit in what the first visits leave keeps its schedules on the steps, however long its first epoch,
-    and one the budget stops reaches each schedule's end as it stops. When the first visits alone would spend the
-    budget, the schedules follow the share of it spent, ``train_seconds / max_seconds * steps``.
-    """
-    left = max_seconds - first_visit_seconds - pending_first_visit_seconds
-    if left <= 0:
-        return max(float(step), train_seconds / max_seconds * steps)
-    return max(float(step), (train_seconds - first_visit_seconds) / left * steps)
-
-
-class TeacherCache:
-    """The teacher's log-probabilities at each pack's supervised tokens, kept in host memory after the pack's first
-    visit. The teacher is the frozen backbone with every head on full attention, so a pack's are the same at every
-    visit: one no-grad forward a pack instead of one a visit. Holds supervised tokens x vocabulary float32 values a
-    pack (600 code rows of about 8.5 answer tokens over a 152K vocabulary: about 3.1 GB)."""
-
-    def __init__(self) -> None:
-        self._stored: dict[int, torch.Tensor] = {}
-        #: float32 values held.
-        self.values = 0
-
-    def log_probs(self, pack: Pack, compute, device: torch.device) -> torch.Tensor:
-        """``compute()``'s [K, vocab] result for ``pack`` (the packs of a run live as long as the cache), on
-        ``device``, computed at the pack's first visit only."""
-        stored = self._stored.get(id(pack))
-        if stored is None:
-            fresh = compute()
-            self._stored[id(pack)] = fresh.cpu()
-            self.values += fresh.numel()
-            return fresh
-        return stored.to(device, non_blocking=True)
-
-
-def distillation_token_losses(model, pack: Pack, device: torch.device, noise_seed: int | None = None,
-                              teacher_cache: TeacherCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """KL divergence from the model's own full-attention distribution to its routed one, at every supervised
-    token of ``pack``: ([K] float32 on ``device``, [K] int64 index of each token's sample in ``pack.spans``).
-
-    The teacher is a no-grad forward of the same model with every routed head on full attention (the frozen
-    backbone as it was), or its result kept from an earlier visit of the pack in ``teacher_cache``; the student is
-    the routed forward (``noise_seed`` seeds its routing noise), so the loss asks the routers to keep the answer's
-    whole distribution, not only the probability of its tokens. A forced routing set before the call stays in force
-    for the student.
-    """
-    from elastic_attention.integration import force_routing
-
-    targets = pack.labels[1:]
-    keep = (targets != IGNORE_INDEX).nonzero().flatten()
-    if keep.numel() == 0:
-        raise ValueError("a pack has no supervised token; every row needs a non-empty answer")
-
-    def teacher_log_probs() -> torch.Tensor:
-        previous = runtime_of(model).forced
-        force_routing(model, "full")
-        try:
-            with torch.no_grad():
-                logits = forward_pack(model, pack, device, logits_to_keep=keep.to(device)).logits[0].float()
-        finally:
-            force_routing(model, previous)
-        return torch.log_softmax(logits, dim=-1)
-
-    teacher = (teacher_log_probs() if teacher_cache is None
-               else teacher_cache.log_probs(pack, teacher_log_probs, device))
-    student = forward_pack(model, pack, device, logits_to_keep=keep.to(device), noise_seed=noise_seed).logits[0]
-    losses = torch.nn.functional.kl_div(torch.log_softmax(student.float(), dim=-1), teacher, log_target=True,
-                                        reduction="none").sum(dim=-1)
-    starts = torch.tensor([start for start, _, _ in pack.spans])
-    return losses, torch.bucketize(keep + 1, starts, right=True) - 1
-
-
-#: ``lm_loss`` of the training config -> the per-token loss of a pack.
-LM_LOSSES = {"cross_entropy": supervised_token_losses, "distillation": distillation_token_losses}
-
-
-def forward_pack(model, pack: Pack, device: torch.device, logits_to_keep, noise_seed: int | None = None):
-    """The model's forward over one pack (its samples apart by their position ids, no cache); with elastic attention
-    attached, the routers pool each sample's prompt only, never its answer, and ``noise_seed`` (when given) seeds
-    their Gumbel noise."""
-    elastic = {}
-    if is_attached(model):
-        elastic = {PROMPT_LENGTHS_KWARG: pack.prompt_lengths, NOISE_SEED_KWARG: noise_seed}
-    return model(input_ids=pack.input_ids[None].to(device), position_ids=pack.position_ids[None].to(device),
-                 logits_to_keep=logits_to_keep, use_cache=False, **elastic)
 
 
 def _postfix(metrics: dict) -> str:
