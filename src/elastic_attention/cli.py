@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every command (argument types validate their values)."""
+    """The argument parser of every command (argument types validate their values).
+
+    Each command is a pair of functions: ``_add_<command>(commands)`` adds its parser, ``_run_<command>(args)``
+    carries it out; a new command adds both, its adder to the list below and its runner to `_RUNNERS`.
+    """
     parser = argparse.ArgumentParser(prog="elastic-attention", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     from elastic_attention import __version__
@@ -52,12 +56,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
+    for add_command in (_add_demo, _add_eval, _add_try, _add_generate, _add_lm_eval, _add_eval_merge, _add_models,
+                        _add_recipes, _add_bench):
+        add_command(commands)
+    return parser
 
+
+def _add_demo(commands) -> None:
+    """`demo`: train routers on the shipped tiny backbone and compare routings."""
     demo = commands.add_parser("demo", help="train routers on the shipped tiny backbone and compare routings (CPU)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default="demo_out", help="folder for the plots and numbers")
     demo.add_argument("--samples", type=positive_int, default=12, help="evaluation rows per (task, length)")
 
+
+def _add_eval(commands) -> None:
+    """`eval`: evaluate a model on a task suite."""
     evaluate = commands.add_parser("eval", help="evaluate a model on a task suite (synthetic or code)")
     evaluate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
     evaluate.add_argument("--router", help="router adapter folder (needed for the elastic mode)")
@@ -87,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--dtype", choices=["float32", "bfloat16"],
                           help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
 
+
+def _add_try(commands) -> None:
+    """`try`: answer a few suite rows and print the routing."""
     show = commands.add_parser("try", help="answer a few suite rows with a model and its routers; print the routing")
     show.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
     show.add_argument("--router", required=True, help="router adapter folder")
@@ -102,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--dtype", choices=["float32", "bfloat16"],
                       help="default: bfloat16 on CUDA and on CPUs with bf16 instructions, else float32")
 
+
+def _add_generate(commands) -> None:
+    """`generate`: continue a prompt of the user's own."""
     generate = commands.add_parser("generate", help="continue a prompt of your own; print the continuation and routing")
     generate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
     generate.add_argument("--router", help="router adapter folder (without: the unmodified model)")
@@ -117,15 +137,24 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--dtype", choices=["float32", "bfloat16"],
                           help="default: bfloat16 on CUDA and on CPUs with bf16 instructions, else float32")
 
+
+def _add_lm_eval(commands) -> None:
+    """`lm-eval`: lm-evaluation-harness's own command line (`run_lm_eval`; its arguments pass through)."""
     harness = commands.add_parser("lm-eval", help="run lm-evaluation-harness with the elastic-attention model type",
                                   add_help=False)
     harness.add_argument("arguments", nargs=argparse.REMAINDER, help="lm_eval's own arguments")
 
+
+def _add_eval_merge(commands) -> None:
+    """`eval-merge`: one table from several eval.json files."""
     merge = commands.add_parser("eval-merge", help="one table from the eval.json files of several eval calls")
     merge.add_argument("files", nargs="+", help="eval.json files, or the folders `eval --out` wrote them to")
     merge.add_argument("--out", required=True, help="folder for the merged eval.json, eval.md and accuracy_vs_msr.png")
     merge.add_argument("--modes", help="comma list: keep only these modes' cells (default: all), e.g. full,sparse")
 
+
+def _add_models(commands) -> None:
+    """`models list | fetch NAME`."""
     models = commands.add_parser("models", help="pretrained models fetched as an install step: list | fetch NAME")
     models.add_argument("action", choices=["list", "fetch"])
     models.add_argument("name", nargs="?", help="the model to fetch (see `models list`)")
@@ -134,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--cache", help="where the assembled GGUF file is kept (default: ~/.cache/elastic-attention)")
     models.add_argument("--device", help="where to dequantize the weights: cpu (the default) or cuda (the same bytes)")
 
+
+def _add_recipes(commands) -> None:
+    """`train` and `pretrain`: a YAML recipe and its key=value overrides."""
     for name, summary, config_help in (
         ("train", "train routers", "YAML training config (see configs/)"),
         ("pretrain", "pretrain a backbone on the synthetic suite", "YAML pretraining config (configs/backbone_*.yaml)"),
@@ -145,11 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
         recipe.add_argument("--overwrite", action="store_true", help="replace a previous run in the output folder")
         recipe.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+
+def _add_bench(commands) -> None:
+    """`bench NAME [options]`: each benchmark parses its own options."""
     benchmarks = ["layer", "prefill", "decode", "decode-graphs", "train-step", "cpu-prefill", "request"]
     bench = commands.add_parser("bench", help=f"benchmarks: bench {'|'.join(benchmarks)} [options]")
     bench.add_argument("benchmark", choices=benchmarks)
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,105 +192,138 @@ def run(args: argparse.Namespace) -> int:
         if importlib.util.find_spec(module) is None:
             raise InputError(f"`elastic-attention {args.command}` needs {module}: pip install 'elastic-attention[train]'")
     _check_outputs(args)
-    if args.command == "bench":
-        module = args.benchmark.replace("-", "_")
-        importlib.import_module(f"elastic_attention.bench.{module}").main(args.options)
-    elif args.command == "demo":
-        from elastic_attention.demo import run_demo
+    return _RUNNERS[args.command](args) or 0
 
-        print(run_demo(args.out, seed=args.seed, samples=args.samples))
-    elif args.command == "train":
-        import json
 
-        from elastic_attention.training import TrainConfig, train
+def _run_bench(args: argparse.Namespace) -> None:
+    module = args.benchmark.replace("-", "_")
+    importlib.import_module(f"elastic_attention.bench.{module}").main(args.options)
 
-        summary = train(TrainConfig.from_yaml(args.config, args.overrides), resume=args.resume,
-                        progress=not args.no_progress, overwrite=args.overwrite)
-        print(json.dumps({key: summary[key] for key in ("steps", "seconds", "adapter") if key in summary}, indent=2))
-    elif args.command == "pretrain":
-        import json
 
-        from elastic_attention.training.pretrain import pretrain
-        from elastic_attention.training.pretrain_config import PretrainConfig
+def _run_demo(args: argparse.Namespace) -> None:
+    from elastic_attention.demo import run_demo
 
-        summary = pretrain(PretrainConfig.from_yaml(args.config, args.overrides), resume=args.resume,
-                           progress=not args.no_progress, overwrite=args.overwrite)
-        print(json.dumps({key: summary[key] for key in ("steps", "tokens", "train_seconds", "model")}, indent=2))
-    elif args.command == "eval":
-        from elastic_attention.evaluation.pipeline import resolve_tasks, run_eval_command
+    print(run_demo(args.out, seed=args.seed, samples=args.samples))
 
-        tasks = resolve_tasks(_split(args.tasks), args.suite)
-        if "elastic" in args.modes and args.router is None:
-            raise InputError("the elastic mode evaluates trained routers: pass --router ADAPTER_FOLDER")
-        from elastic_attention.evaluation.runner import is_heads
 
-        if any(map(is_heads, args.modes)) != (args.head_set is not None) or (args.head_set_msr is not None
-                                                                             and args.head_set is None):
-            raise InputError("the heads modes and --head-set FILE (with --head-set-msr when the file holds several "
-                             "sets) go together: give both or neither")
-        head_set = None
-        if args.head_set is not None:
-            from elastic_attention.evaluation.pipeline import check_head_set_modes
-            from elastic_attention.head_sets import read_head_sets
+def _run_train(args: argparse.Namespace) -> None:
+    import json
 
-            head_set = read_head_sets(args.head_set, option="--head-set")
-            check_head_set_modes(args.modes, head_set, args.head_set_msr)
-        config = {}
-        if args.config is not None:
-            if args.router is not None:
-                raise InputError("--config and --router both set the elastic settings: the adapter's come with it, "
-                                 "drop --config")
-            from elastic_attention.training.train_config import TrainConfig
+    from elastic_attention.training import TrainConfig, train
 
-            config = {"config": TrainConfig.from_yaml(args.config).elastic_config}
-        _require_model_folder(args.model, args.router)
-        print(
-            run_eval_command(
-                args.model, router=args.router, modes=args.modes, tasks=tasks, lengths=args.lengths,
-                samples=args.samples, out=args.out,
-                static_msr=args.static_msr, seed=args.seed, batch_size=args.batch_size, device=args.device,
-                dtype=args.dtype, head_set=head_set, head_set_msr=args.head_set_msr, overwrite=args.overwrite,
-                **config,
-            )
+    summary = train(TrainConfig.from_yaml(args.config, args.overrides), resume=args.resume,
+                    progress=not args.no_progress, overwrite=args.overwrite)
+    print(json.dumps({key: summary[key] for key in ("steps", "seconds", "adapter") if key in summary}, indent=2))
+
+
+def _run_pretrain(args: argparse.Namespace) -> None:
+    import json
+
+    from elastic_attention.training.pretrain import pretrain
+    from elastic_attention.training.pretrain_config import PretrainConfig
+
+    summary = pretrain(PretrainConfig.from_yaml(args.config, args.overrides), resume=args.resume,
+                       progress=not args.no_progress, overwrite=args.overwrite)
+    print(json.dumps({key: summary[key] for key in ("steps", "tokens", "train_seconds", "model")}, indent=2))
+
+
+def _run_eval(args: argparse.Namespace) -> None:
+    from elastic_attention.evaluation.pipeline import resolve_tasks, run_eval_command
+
+    tasks = resolve_tasks(_split(args.tasks), args.suite)
+    if "elastic" in args.modes and args.router is None:
+        raise InputError("the elastic mode evaluates trained routers: pass --router ADAPTER_FOLDER")
+    from elastic_attention.evaluation.runner import is_heads
+
+    if any(map(is_heads, args.modes)) != (args.head_set is not None) or (args.head_set_msr is not None
+                                                                         and args.head_set is None):
+        raise InputError("the heads modes and --head-set FILE (with --head-set-msr when the file holds several "
+                         "sets) go together: give both or neither")
+    head_set = None
+    if args.head_set is not None:
+        from elastic_attention.evaluation.pipeline import check_head_set_modes
+        from elastic_attention.head_sets import read_head_sets
+
+        head_set = read_head_sets(args.head_set, option="--head-set")
+        check_head_set_modes(args.modes, head_set, args.head_set_msr)
+    config = {}
+    if args.config is not None:
+        if args.router is not None:
+            raise InputError("--config and --router both set the elastic settings: the adapter's come with it, "
+                             "drop --config")
+        from elastic_attention.training.train_config import TrainConfig
+
+        config = {"config": TrainConfig.from_yaml(args.config).elastic_config}
+    _require_model_folder(args.model, args.router)
+    print(
+        run_eval_command(
+            args.model, router=args.router, modes=args.modes, tasks=tasks, lengths=args.lengths,
+            samples=args.samples, out=args.out,
+            static_msr=args.static_msr, seed=args.seed, batch_size=args.batch_size, device=args.device,
+            dtype=args.dtype, head_set=head_set, head_set_msr=args.head_set_msr, overwrite=args.overwrite,
+            **config,
         )
-    elif args.command == "eval-merge":
-        from elastic_attention.evaluation.merge import run_merge_command
+    )
 
-        print(run_merge_command(args.files, args.out, _split(args.modes) if args.modes else None))
-    elif args.command == "try":
-        from elastic_attention.evaluation.pipeline import resolve_tasks
-        from elastic_attention.evaluation.showcase import run_try_command
 
-        _require_model_folder(args.model, args.router)
-        run_try_command(
-            args.model, router=args.router, tasks=resolve_tasks(_split(args.tasks), args.suite),
-            length=args.length, samples=args.samples, seed=args.seed, device=args.device, dtype=args.dtype,
-            echo=lambda text: print(text, flush=True), compare=args.compare,
+def _run_eval_merge(args: argparse.Namespace) -> None:
+    from elastic_attention.evaluation.merge import run_merge_command
+
+    print(run_merge_command(args.files, args.out, _split(args.modes) if args.modes else None))
+
+
+def _run_try(args: argparse.Namespace) -> None:
+    from elastic_attention.evaluation.pipeline import resolve_tasks
+    from elastic_attention.evaluation.showcase import run_try_command
+
+    _require_model_folder(args.model, args.router)
+    run_try_command(
+        args.model, router=args.router, tasks=resolve_tasks(_split(args.tasks), args.suite),
+        length=args.length, samples=args.samples, seed=args.seed, device=args.device, dtype=args.dtype,
+        echo=lambda text: print(text, flush=True), compare=args.compare,
+    )
+
+
+def _run_generate(args: argparse.Namespace) -> None:
+    from elastic_attention.evaluation.showcase import run_generate_command
+
+    _require_model_folder(args.model, args.router)
+    prompt = Path(args.file).read_text(encoding="utf-8") if args.file else args.prompt
+    print(
+        run_generate_command(
+            args.model, router=args.router, prompt=prompt, max_new_tokens=args.max_new_tokens, chat=not args.raw,
+            device=args.device, dtype=args.dtype, compare=args.compare,
+            echo=lambda text: print(text, file=sys.stderr, flush=True),
         )
-    elif args.command == "generate":
-        from elastic_attention.evaluation.showcase import run_generate_command
+    )
 
-        _require_model_folder(args.model, args.router)
-        prompt = Path(args.file).read_text(encoding="utf-8") if args.file else args.prompt
-        print(
-            run_generate_command(
-                args.model, router=args.router, prompt=prompt, max_new_tokens=args.max_new_tokens, chat=not args.raw,
-                device=args.device, dtype=args.dtype, compare=args.compare,
-                echo=lambda text: print(text, file=sys.stderr, flush=True),
-            )
-        )
-    elif args.command == "models":
-        from elastic_attention.models import KNOWN_MODELS, fetch_model
 
-        if args.action == "list":
-            print("\n".join(f"{name}: {source.description}" for name, source in KNOWN_MODELS.items()))
-        elif args.name is None:
-            raise InputError(f"`models fetch` needs a model name; known: {', '.join(KNOWN_MODELS)}")
-        else:
-            out = fetch_model(args.name, args.out or f"artifacts/{args.name}", cache_dir=args.cache, gguf_file=args.gguf,
-                              device=args.device)
-            print(f"{args.name} is ready at {out}")
-    return 0
+def _run_models(args: argparse.Namespace) -> None:
+    from elastic_attention.models import KNOWN_MODELS, fetch_model
+
+    if args.action == "list":
+        print("\n".join(f"{name}: {source.description}" for name, source in KNOWN_MODELS.items()))
+    elif args.name is None:
+        raise InputError(f"`models fetch` needs a model name; known: {', '.join(KNOWN_MODELS)}")
+    else:
+        out = fetch_model(args.name, args.out or f"artifacts/{args.name}", cache_dir=args.cache, gguf_file=args.gguf,
+                          device=args.device)
+        print(f"{args.name} is ready at {out}")
+
+
+#: command -> the function that carries it out.
+_RUNNERS = {
+    "bench": _run_bench,
+    "demo": _run_demo,
+    "train": _run_train,
+    "pretrain": _run_pretrain,
+    "eval": _run_eval,
+    "eval-merge": _run_eval_merge,
+    "try": _run_try,
+    "generate": _run_generate,
+    "models": _run_models,
+    "lm-eval": lambda args: run_lm_eval(args.arguments),  # after an option of ours (`main` takes it otherwise)
+}
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -302,9 +369,12 @@ def run_lm_eval(arguments: list[str]) -> int:
         return 2
     from lm_eval.__main__ import cli_evaluate
 
+    from elastic_attention.evaluation.ruler import no_downloads
+
     saved, sys.argv = sys.argv, ["lm_eval", *arguments]
     try:
-        cli_evaluate()
+        with no_downloads():  # RULER's module asks nltk for a sentence splitter that its offline tasks never use
+            cli_evaluate()
     finally:
         sys.argv = saved
     return 0
