@@ -73,6 +73,9 @@ def rank_heads(model: nn.Module, tokenizer, tasks: Sequence[str], length: int, s
     The rows use another seed than the evaluation's, so the static head set is not chosen on the evaluated rows.
     """
     suite = suite_of(tasks[0])
+    if not suite.ranking_tasks:
+        raise InputError(f"the {suite.name} suite ranks no heads (it is a held-out test): run the static modes on "
+                         f"another suite's tasks, or give a searched set with --head-set")
     rows = [row for task in suite.ranking_tasks
             for row in suite.generate(task, length, seed + 7919, samples, tokenizer)]
     return retrieval_scores(model, tokenizer, rows)
@@ -95,6 +98,7 @@ def evaluate_model(
     batch_size: int = 8,
     progress: bool = True,
     on_cell: Callable[[list[CellResult], dict], None] | None = None,
+    rows_dir: str | Path | None = None,
 ) -> tuple[list[CellResult], dict]:
     """Evaluate ``modes`` on a plain (not yet attached) model.
 
@@ -108,7 +112,8 @@ def evaluate_model(
     (a file with a path, ``elastic`` among the modes) or its only set.
 
     ``on_cell(results, context)`` is called after each cell with everything so far (to write partial results, so
-    a run cut short keeps every cell it finished).
+    a run cut short keeps every cell it finished). ``rows_dir`` holds row cells written beforehand
+    (`elastic_attention.evaluation.row_cells`), read instead of generating those cells.
 
     Returns:
         (results, context): the cells and a dict of what was used (static MSRs and head sets, config).
@@ -137,7 +142,7 @@ def evaluate_model(
                          f"{routed_shape}: give a set searched on this model")
     ordered = [mode for mode in ("full", "elastic", "sparse") if mode in modes]
     ordered += [mode for mode in modes if is_heads(mode)] + [mode for mode in modes if is_static(mode)]
-    rows = suite_rows(tokenizer, tasks, lengths, samples, seed)
+    rows = suite_rows(tokenizer, tasks, lengths, samples, seed, rows_dir)
     results: list[CellResult] = []
     bar = _progress(len(ordered) * len(tasks) * len(lengths), progress)
 
@@ -217,6 +222,7 @@ def run_eval_command(
     head_set_msr: float | None = None,
     config: ElasticConfig = DEFAULT_EVAL_CONFIG,
     overwrite: bool = False,
+    rows_dir: str | None = None,
 ) -> str:
     """Everything `elastic-attention eval` does; returns the printed table. ``config`` attaches the model when
     there is no ``router``. The ``out`` folder is claimed before the model loads (`claim_eval_folder`)."""
@@ -225,7 +231,7 @@ def run_eval_command(
         "model": str(model_dir), "router": None if router is None else str(router), "modes": list(modes),
         "tasks": list(tasks), "lengths": list(lengths), "samples": samples, "seed": seed, "static_msr": static_msr,
         "head_set": None if head_set is None else head_set.source, "head_set_msr": head_set_msr, "dtype": dtype,
-        "config": None if router is not None else config.to_dict(),
+        "config": None if router is not None else config.to_dict(), "rows_dir": rows_dir,
     }))
     lock = claim_eval_folder(out_dir, settings, overwrite)
     try:
@@ -245,7 +251,7 @@ def run_eval_command(
         results, context = evaluate_model(
             model, tokenizer, router=router, modes=modes, tasks=tasks, lengths=lengths, samples=samples,
             static_msr=static_msr, head_set=head_set, head_set_msr=head_set_msr, config=config, seed=seed,
-            batch_size=batch_size, on_cell=save,
+            batch_size=batch_size, on_cell=save, rows_dir=rows_dir,
         )
         return write_table_and_plot(results, out_dir)
     finally:

@@ -18,11 +18,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from elastic_attention.errors import InputError
+from elastic_attention.evaluation.row_cells import read_cell
 from elastic_attention.evaluation.suites import suite_of
 from elastic_attention.rows import Row, encode_row
 from elastic_attention.integration import force_routing, routing_report
@@ -169,10 +171,19 @@ def evaluate_rows(model: nn.Module, tokenizer, rows: list[Row], batch_size: int 
     return results
 
 
-def suite_rows(tokenizer, tasks: Iterable[str], lengths: Iterable[int], samples: int, seed: int = 0) -> dict:
-    """``{(task, length): rows}``: ``samples`` rows of each task at each length, from the task's suite."""
-    return {(task, length): suite_of(task).generate(task, length, seed, samples, tokenizer)
-            for task in tasks for length in lengths}
+def suite_rows(tokenizer, tasks: Iterable[str], lengths: Iterable[int], samples: int, seed: int = 0,
+               rows_dir: str | Path | None = None) -> dict:
+    """``{(task, length): rows}``: ``samples`` rows of each task at each length, read from ``rows_dir`` where it
+    holds that cell (`row_cells`, checked against the task, length, seed and tokenizer), else from the task's
+    suite."""
+    rows = {}
+    for task in tasks:
+        for length in lengths:
+            cell = None if rows_dir is None else read_cell(rows_dir, task=task, length=length, seed=seed,
+                                                           samples=samples, tokenizer=tokenizer)
+            rows[(task, length)] = cell if cell is not None else suite_of(task).generate(task, length, seed, samples,
+                                                                                          tokenizer)
+    return rows
 
 
 def run_evaluation(

@@ -5,6 +5,8 @@ the same way, by `elastic_attention.rows.encode_row`).
   on its tokenizer (exact lengths, exact-match scoring).
 - ``code``: the real-text suite of :mod:`elastic_attention.evaluation.code_suite`, for real pretrained models
   (Python standard-library source, the model's own tokenizer and chat template).
+- ``ruler``: RULER's offline tasks, made and scored by lm-evaluation-harness's rules
+  (:mod:`elastic_attention.evaluation.ruler`): a held-out test, never a training source.
 
 Task names are unique across suites, so a task name finds its suite (:func:`suite_of`).
 """
@@ -15,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation import code_suite, synthetic
+from elastic_attention.evaluation import code_suite, ruler, synthetic
 from elastic_attention.evaluation.scoring import Score
 from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic.tokenizer import decode_answer
@@ -100,6 +102,15 @@ SUITES: dict[str, Suite] = {
         decode=code_suite.decode,
         score=code_suite.score,
         ranking_tasks=("passkey", "multikey"),
+    ),
+    "ruler": Suite(
+        name="ruler",
+        sensitive=tuple(ruler.RULER_TASKS),
+        robust=(),
+        generate=ruler.generate,
+        decode=code_suite.decode,
+        score=ruler.score,
+        ranking_tasks=(),  # held out: no head is ever chosen on RULER rows
     ),
 }
 
