@@ -18,9 +18,9 @@
 #                                                            # $OUT/run (run/model: the backbone), e.g.
 #                                                            # configs/backbone_tiny.yaml (the shipped tiny backbone)
 #   OUT=$OUT bash benchmarks/device.sh eval ARGS             # elastic-attention eval ARGS --out $OUT/eval
-#   OUT=$OUT bash benchmarks/device.sh script NAME ARGS      # python3 scripts/NAME.py ARGS (count_probe,
-#                                                            # profile_decode_graph, xa_estimate_timing,
-#                                                            # head_set_search, router_margins, ...)
+#   OUT=$OUT bash benchmarks/device.sh script NAME ARGS      # python3 scripts/NAME.py ARGS, or a study's
+#                                                            # studies/*/NAME.py (count_probe, profile_decode_graph,
+#                                                            # xa_estimate_timing, head_set_search, router_margins, ...)
 #   OUT=$OUT bash benchmarks/device.sh real-train            # routers for the real model: $CONFIG
 #                                                            # (default configs/qwen2.5_coder_code_slow_multipliers.yaml); RESUME=1
 #                                                            # continues $RUN from its latest checkpoint (a run
@@ -244,20 +244,22 @@ case ${1:-} in
     tr '\r' '\n' < "$OUT/eval.log" | tail -30 ;;
   script)
     name=${2:?give the script name, e.g. count_probe}; shift 2
-    timeout $LIMIT python3 "scripts/$name.py" "$@" > "$OUT/$name.log" 2>&1
+    script=$(ls scripts/$name.py studies/*/$name.py 2>/dev/null | head -1)  # a tool, or a study's script
+    [ -n "$script" ] || { echo "no scripts/$name.py or studies/*/$name.py"; exit 2; }
+    timeout $LIMIT python3 "$script" "$@" > "$OUT/$name.log" 2>&1
     echo "script $name rc $? at $(( $(date +%s) - start )) s"
     tail -10 "$OUT/$name.log" ;;
   layer)
     layer_stage "" ;;
   flex-sweep)
-    timeout ${SWEEP_LIMIT:-240} python3 scripts/flex_kernel_sweep.py --lengths 32k,128k --msr 0.5 \
+    timeout ${SWEEP_LIMIT:-240} python3 studies/kernel_tuning/flex_kernel_sweep.py --lengths 32k,128k --msr 0.5 \
       ${CANDIDATES:+--candidates $CANDIDATES} --out "$OUT/flex_sweep.json" > "$OUT/flex_sweep.log" 2>&1
     echo "sweep rc $? at $(( $(date +%s) - start )) s"
     tail -14 "$OUT/flex_sweep.log" | cut -c1-300
     layer_stage "$(python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['fastest']['kernel_options']))" \
       "$OUT/flex_sweep.json")" ;;
   decode-graphs)
-    timeout ${SWEEP_LIMIT:-150} python3 scripts/decode_kernel_sweep.py --lengths 32k,128k --batch 1,8 \
+    timeout ${SWEEP_LIMIT:-150} python3 studies/kernel_tuning/decode_kernel_sweep.py --lengths 32k,128k --batch 1,8 \
       --out "$OUT/decode_kernel_sweep.json" > "$OUT/decode_kernel_sweep.log" 2>&1
     echo "sweep rc $? at $(( $(date +%s) - start )) s"
     tail -12 "$OUT/decode_kernel_sweep.log" | cut -c1-300

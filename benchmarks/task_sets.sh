@@ -6,7 +6,7 @@
 #   1. for each TASK=MSR,MSR,... of $SET_MSRS, side by side: scripts/head_set_search.py on TASK alone at
 #      $SEARCH_LENGTH (16k), from $SEARCH_START (FILE@MSR, a point of the joint search), up to the largest MSR
 #      listed; then its points heads@MSR on TASK at $SHORT_LENGTH (8k) and $SEARCH_LENGTH ($SAMPLES rows, seed 0);
-#   2. scripts/task_set_config.py: each task's sparsest point keeping $SHARE of full attention (full attention's
+#   2. studies/static_frontier_1.5b/task_set_config.py: each task's sparsest point keeping $SHARE of full attention (full attention's
 #      cells from $FULL) joins $BASE_CONFIG's sets ($CHOICE_MSRS of the joint search) -> config.yaml;
 #   3. the router: `elastic-attention train config.yaml $TRAIN_ARGS`;
 #   4. its table: elastic at both lengths, then $TABLE_MODES (default static,heads: the retrieval-score static
@@ -68,7 +68,7 @@ for entry in $SET_MSRS; do  # TASK=MSR,MSR,...
 done
 wait_all "${searches[@]}"
 echo "stage 2: the config ($(date -u +%T))"
-python3 scripts/task_set_config.py --base "$BASE_CONFIG" ${CHOICE_MSRS:+--choice-msrs "$CHOICE_MSRS"} "${task_sets[@]}" \
+python3 studies/static_frontier_1.5b/task_set_config.py --base "$BASE_CONFIG" ${CHOICE_MSRS:+--choice-msrs "$CHOICE_MSRS"} "${task_sets[@]}" \
   --full "$FULL" --share "${SHARE:-0.98}" --out "$WORK/config.yaml" > "$WORK/config.log" 2>&1 \
   || { cat "$WORK/config.log"; exit 1; }
 cat "$WORK/config.log"

@@ -2,7 +2,7 @@
 measured again in a later run replaces the earlier run's rows in place (request: prompt kind, length and batch;
 prefill: length and model); every row says which run it came from (``run``, an index into ``runs``: date, device,
 versions, command, source file). Runs of another GPU kind or setup are refused. Writes the JSON and its markdown
-table (same name, ``.md``); `scripts/request_bars.py` reads a merged request file as it reads one run's.
+table (same name, ``.md``); `studies/request_speed_1.5b/request_bars.py` reads a merged request file as it reads one run's.
 
     python scripts/merge_bench_results.py request OLDEST.json ... NEWEST.json \
         --out benchmarks/results/request_qwen2.5-coder-1.5b-instruct.json

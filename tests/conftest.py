@@ -28,8 +28,11 @@ FAMILY_NAMES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def load_script(name: str):
-    """``scripts/NAME.py`` as a module (the scripts are tools, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    """A script as a module (scripts are tools, not a package): ``NAME`` is ``scripts/NAME.py``, a path with a slash
+    is read from the repository root (a study's script: ``studies/QUESTION/NAME.py``)."""
+    path = Path(__file__).resolve().parents[1] / (name if "/" in name else f"scripts/{name}.py")
+    name = Path(name).stem
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -240,10 +240,10 @@ def test_task_and_length_arguments():
 
 
 def test_finding_bounds_script_against_hand_computed_values():
-    """scripts/finding_bounds.py on a made-up eval: every quantity recomputed by hand."""
+    """studies/synthetic_routers/finding_bounds.py on a made-up eval: every quantity recomputed by hand."""
     from conftest import load_script
 
-    module = load_script("finding_bounds")
+    module = load_script("studies/synthetic_routers/finding_bounds.py")
     table = {  # (mode, task): (accuracy, msr)
         ("full", "a"): (1.0, 0.0), ("full", "b"): (0.8, 0.0), ("full", "r"): (1.0, 0.0),
         ("elastic", "a"): (1.0, 0.5), ("elastic", "b"): (0.75, 0.6), ("elastic", "r"): (1.0, 0.9),

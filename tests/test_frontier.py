@@ -157,7 +157,7 @@ def test_the_plot_draws_every_router_run(tmp_path, monkeypatch):
 
 
 def test_real_model_bars_compare_elastic_with_the_searched_set_at_its_msr():
-    bars_script = load_script("real_model_bars")
+    bars_script = load_script("studies/router_recipes_1.5b/real_model_bars.py")
     at_16k = rows(modes={"elastic": MODES["elastic"], "heads": (0.6, {"needle": 1.0, "chain": 0.6, "recent": 0.5})})
     at_8k = rows(8192, modes={"elastic": MODES["elastic"], "heads": (0.6, {"needle": 1.0, "chain": 0.8, "recent": 0.5})})
     lines = bars_script.heads_bar(at_16k + at_8k, [8192, 16384])

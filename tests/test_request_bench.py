@@ -16,6 +16,11 @@ from elastic_attention.bench.merge_runs import RULES, merge_runs
 from elastic_attention.cli import main as cli_main
 from elastic_attention.errors import InputError
 
+#: The studies' scripts these tests run (the request benchmark's bars, the adapter's stored precision, a profile)
+REQUEST_BARS = "studies/request_speed_1.5b/request_bars.py"
+ADAPTER_PRECISION = "studies/router_recipes_1.5b/adapter_precision.py"
+PROFILE_DECODE_GRAPH = "studies/kernel_tuning/profile_decode_graph.py"
+
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):
@@ -71,7 +76,7 @@ def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_p
     assert table.count("| sensitive | 600 |") == 8 and "| elastic | router | 0.50 |" in table
     assert "| elastic | router, compiled, own loop | 0.50 |" in table
     assert "| elastic | router, compiled | 0.50 |" in table and "| true | 5 of 5 |" in table
-    lines = load_script("request_bars").main([str(out)])  # the bars script reads what the bench writes
+    lines = load_script(REQUEST_BARS).main([str(out)])  # the bars script reads what the bench writes
     assert lines[0].endswith("not measured (no cell of dense and elastic rows)")  # no 32K cell
     assert lines[1].endswith("not measured (no cell of dense and elastic rows)")  # no batch-8 cell
     assert "(600 batch 1: " in lines[2] and ", 600 batch 3: " in lines[2]
@@ -150,7 +155,7 @@ def test_request_bars_judge_the_best_setups_against_the_best_baseline():
         request_row("sensitive", 16384, 1, "elastic", 1.04, 39.0, "plain", kv=1.12, equal=False),  # 0.96x, 0.975x
     ]
     rows[-1]["divergences"] = [None, {"step": 3, "margin": 0.125, "top_logit": 21.5}]
-    lines = load_script("request_bars").bars(rows)
+    lines = load_script(REQUEST_BARS).bars(rows)
     assert lines[0].startswith("time to first token >= 1.4x faster, robust prompts at 32K: missed (32K batch 1: "
                                "1.33x (router over sdpa), 32K batch 8: 1.50x (router over sdpa))")
     assert lines[1] == ("decode >= 1.6x faster, robust prompts at batch 8: met (32K batch 8: 1.67x "
@@ -163,7 +168,7 @@ def test_request_bars_judge_the_best_setups_against_the_best_baseline():
     assert len(lines) == 6  # no row has a steady-state rate
     for row, steady in zip(rows[:4], (110.0, 200.0, 330.0, 300.0)):
         row["steady_decode_tokens_per_s"] = steady
-    lines = load_script("request_bars").bars(rows)
+    lines = load_script(REQUEST_BARS).bars(rows)
     assert lines[1].startswith("decode >= 1.6x faster, robust prompts at batch 8: met (32K batch 8: 1.67x")
     assert lines[6] == ("not a bar: decode at batch 8 in the steady state (median step after the first): robust 32K: "
                         "1.65x (router over static_cache_graph)")
@@ -218,12 +223,12 @@ def test_bad_request_arguments_are_refused(capsys):
 
 
 def test_adapter_precision_counts_the_decisions_a_rounded_adapter_changes(router, tmp_path):
-    """scripts/adapter_precision.py on the tiny backbone: one row per prompt, decisions counted against float32
-    (float32 itself differs nowhere, so the float16 and bfloat16 counts are the only ones reported)."""
+    """The 1.5B study's adapter_precision.py on the tiny backbone: one row per prompt, decisions counted against
+    float32 (float32 itself differs nowhere, so the float16 and bfloat16 counts are the only ones reported)."""
     from conftest import load_script
 
     out = tmp_path / "precision.json"
-    result = load_script("adapter_precision").main([
+    result = load_script(ADAPTER_PRECISION).main([
         "--model", str(TINY_BACKBONE), "--router", str(router), "--suite", "synthetic", "--tasks",
         "needle_single,local_recall", "--length", "600", "--rows", "2", "--device", "cpu", "--dtype", "float32",
         "--out", str(out)])
@@ -297,9 +302,10 @@ def test_compiled_prefill_rows_run_beside_a_dense_setup_with_compiled_layers(rou
 
 
 def test_first_step_phases_time_each_phase_once_and_put_everything_back(monkeypatch):
-    """scripts/profile_decode_graph.py's `FirstStepPhases` on stand-ins for the CUDA calls (synchronize, the graph's
-    capture and replay): each phase is the time between its stamps, the eager run is `capture_graph`'s time outside
-    the capture and empty_cache, only the first replay counts, and every patched attribute is put back."""
+    """`FirstStepPhases` of the kernel study's profile_decode_graph.py on stand-ins for the CUDA calls (synchronize,
+    the graph's capture and replay): each phase is the time between its stamps, the eager run is `capture_graph`'s
+    time outside the capture and empty_cache, only the first replay counts, and every patched attribute is put
+    back."""
     import time
 
     import elastic_attention.bench.decode_graphs as decode_graphs_module
@@ -331,7 +337,7 @@ def test_first_step_phases_time_each_phase_once_and_put_everything_back(monkeypa
 
     monkeypatch.setattr(decode_graph_module, "capture_graph", capture_graph)
     before = {name: graph_class.__dict__[name] for name in ("capture_begin", "capture_end", "replay")}
-    phases = load_script("profile_decode_graph").FirstStepPhases()
+    phases = load_script(PROFILE_DECODE_GRAPH).FirstStepPhases()
     with phases.recording():
         ElasticCache.begin_static(None, 0)
         decode_graph_module.capture_graph(None, [])

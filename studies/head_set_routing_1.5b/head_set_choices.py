@@ -10,7 +10,7 @@ heads, plus --price-margin. The table shows each task's choices before and after
 with the price folded into its output bias (each set's logit lowered by price * its MSR), an adapter every loader
 reads as it reads the original.
 
-    python scripts/head_set_choices.py --model artifacts/qwen2.5-coder-1.5b-instruct \
+    python studies/head_set_routing_1.5b/head_set_choices.py --model artifacts/qwen2.5-coder-1.5b-instruct \
         --router src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct --lengths 8k,16k --rows 50 \
         --calibrate-tasks passkey,multikey,find_definition,next_line,recent_fact,pattern \
         --calibrate-lengths 4k,8k,16k --calibrate-rows 20 --calibrate-seed 7 --out choices.json
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     load_router(model, args.router, backend="reference")
     layer, router = next(iter(routers_of(model).items()))
     if not isinstance(router, HeadSetRouter):
-        parser.error(f"{args.router} holds per-head routers, not a head-set router: scripts/router_margins.py "
+        parser.error(f"{args.router} holds per-head routers, not a head-set router: studies/router_recipes_0.5b/router_margins.py "
                      "reads those")
     router.eval()
     suite = get_suite(args.suite)

@@ -4,7 +4,7 @@ boundary-pooled exactly as the router pools them) for rows of every task of a su
 own kind: held-out tasks show whether the input carries the kind or only the training tasks' surface. A head-set
 router decides at the first routed layer (layer 0 by default), so this says what it can learn there.
 
-    python scripts/router_input_probe.py --model artifacts/qwen2.5-coder-1.5b-instruct --suite code \
+    python studies/head_set_routing_1.5b/router_input_probe.py --model artifacts/qwen2.5-coder-1.5b-instruct --suite code \
         --held-out multivalue,recent_definition --lengths 4k,8k --rows 20 --layers 0,2 --unseen-seed 7
 
 --tasks and --positive ask the same of any split of tasks instead of the two kinds, e.g. whether one sensitive task

@@ -1,10 +1,10 @@
 """Which prompt spans should a head-set router pool to tell the tasks apart? For each pair of spans (``first/last``:
-the router's ``pool_first`` and ``pool_last``) it fits the task-label router (`scripts/task_label_router.py`'s
+the router's ``pool_first`` and ``pool_last``) it fits the task-label router (`studies/head_set_routing_1.5b/task_label_router.py`'s
 ``fit``: the project's `HeadSetRouter`, told each training row's set) on rows drawn with --train-seed and counts the
 evaluation rows (--seed, the evaluation's) per set. No objective a router is trained with sorts the rows better than
 its inputs allow, so the spans that sort them best are the ones worth a training run.
 
-    python scripts/router_pooling_study.py --model artifacts/qwen2.5-coder-1.5b-instruct \\
+    python studies/head_set_routing_1.5b/router_pooling_study.py --model artifacts/qwen2.5-coder-1.5b-instruct \\
         --sets multikey=0,passkey=1,find_definition=1,next_line=2,recent_fact=2,pattern=2 \\
         --set-msrs 0,0.6071428571428571,1 --train-lengths 4k,8k,12k,16000 --lengths 8k,16k \\
         --pools 100/100,0/40,40/30,50/30 --fit-seeds 0,1,2 --predictions /tmp/pooling
@@ -12,8 +12,8 @@ its inputs allow, so the spans that sort them best are the ones worth a training
 Layer 0's pre-RoPE keys depend on each token alone, so a row's pooled keys for any spans are the mean of its first
 ``first`` and last ``last`` tokens' keys: each row runs once, on those tokens only (the router pools a prompt no
 longer than its two spans whole). So the study holds for the first layer only, where a head-set router decides.
---predictions writes, per spans and fit seed, the choices in `scripts/head_set_choices.py`'s format (``set_msrs``
-and each row's ``logits`` per ``task@length``), which `scripts/row_outcomes.py --predict` scores with the cells each
+--predictions writes, per spans and fit seed, the choices in `studies/head_set_routing_1.5b/head_set_choices.py`'s format (``set_msrs``
+and each row's ``logits`` per ``task@length``), which `studies/head_set_routing_1.5b/row_outcomes.py --predict` scores with the cells each
 set was measured in. --out writes the table as JSON with the date, device, command and model.
 """
 

@@ -19,13 +19,13 @@ its stored accuracy is refused (wrong tokenizer, seed or file). Then, at each le
   retention; with ``--measured`` beside the router's own elastic cells on the same rows. Together with
   ``set_losses_file`` (training without the backbone) a router recipe can be tried on a CPU.
 - **elastic's losses**: per task, the rows on which full attention scores higher than elastic; with ``--choices``
-  (the JSON of `scripts/head_set_choices.py` for the same rows, seed and lengths) the MSR of the set elastic ran on
+  (the JSON of `studies/head_set_routing_1.5b/head_set_choices.py` for the same rows, seed and lengths) the MSR of the set elastic ran on
   each of them. ``--losses-of MODES`` lists the same rows for other modes (e.g. the searched path's sets).
 
-    python scripts/row_outcomes.py benchmarks/results/real_model_1.5b_eval.json \
+    python studies/head_set_routing_1.5b/row_outcomes.py benchmarks/results/real_model_1.5b_eval.json \
         --model artifacts/qwen2.5-coder-1.5b-instruct --lengths 8192,16384 \
         --choices benchmarks/results/real_model_1.5b_head_set_choices_expected_h100_2026-12-05.json
-    python scripts/row_outcomes.py benchmarks/results/real_model_1.5b_frontier_eval_2026-12-03.json \
+    python studies/head_set_routing_1.5b/row_outcomes.py benchmarks/results/real_model_1.5b_frontier_eval_2026-12-03.json \
         --model artifacts/qwen2.5-coder-1.5b-instruct --oracle-modes heads@0.4,heads@0.5,heads@0.6,heads@0.8,sparse \
         --msr-floors 0.6,0.7,0.8 --predict CHOICES --set-modes heads@0.4,heads@0.5,heads@0.6,heads@0.8,sparse \
         --measured benchmarks/results/real_model_1.5b_eval.json
@@ -185,7 +185,7 @@ def predicted_rows(scores: dict, choices: dict, set_modes: Sequence[str], length
                    mode: str = "predicted") -> list[dict]:
     """What a head-set router would score without running it: one eval row per task at ``length`` (mode ``mode``)
     whose rows each take the score that the mode measured with the router's chosen set got on that row. ``choices``:
-    `scripts/head_set_choices.py`'s JSON (the router's logits per row, its sets' MSRs); ``set_modes[c]``: the mode
+    `studies/head_set_routing_1.5b/head_set_choices.py`'s JSON (the router's logits per row, its sets' MSRs); ``set_modes[c]``: the mode
     measured with set c (e.g. ``heads@0.4`` for the set at MSR 0.393 of the same path). Only the rows every set's
     cell has (the first ones: rows are drawn alike for any count) are counted; MSR is the chosen sets' mean."""
     if len(set_modes) != len(choices["set_msrs"]):
@@ -272,7 +272,7 @@ def mode_losses(scores: dict, modes: Sequence[str], length: int) -> dict[str, di
 
 
 def chosen_msrs(choices: dict, task: str, length: int, rows: int | None = None) -> list[float] | None:
-    """The MSR of the set the router chose (argmax) for each row, from `scripts/head_set_choices.py`'s JSON; None
+    """The MSR of the set the router chose (argmax) for each row, from `studies/head_set_routing_1.5b/head_set_choices.py`'s JSON; None
     when it has no logits for the cell.
 
     Raises:
@@ -283,7 +283,7 @@ def chosen_msrs(choices: dict, task: str, length: int, rows: int | None = None) 
         return None
     if rows is not None and len(logits) != rows:
         raise ValueError(f"the evaluation has {rows} rows of {task} at {length} tokens, the choices {len(logits)}: "
-                         "run scripts/head_set_choices.py with the evaluation's --rows and --seed")
+                         "run studies/head_set_routing_1.5b/head_set_choices.py with the evaluation's --rows and --seed")
     return [choices["set_msrs"][c] for c in chosen_sets(logits)]
 
 
@@ -302,11 +302,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--model", required=True, help="the evaluated model's folder (only its tokenizer is read)")
     parser.add_argument("--lengths", help="comma list of lengths in tokens (default: every length in the file)")
     parser.add_argument("--seed", type=int, help="the evaluation's seed (default: the file's `seed`)")
-    parser.add_argument("--choices", type=Path, help="scripts/head_set_choices.py's JSON for the same rows")
+    parser.add_argument("--choices", type=Path, help="studies/head_set_routing_1.5b/head_set_choices.py's JSON for the same rows")
     parser.add_argument("--oracle-modes", help="comma list of modes of one MSR each (e.g. full,heads@0.4,...,sparse): "
                                                "the best per-row choice among them at each --msr-floors")
     parser.add_argument("--msr-floors", default="0.5,0.6,0.7", help="average-MSR floors of --oracle-modes")
-    parser.add_argument("--predict", type=Path, help="scripts/head_set_choices.py's JSON: score each row with the mode "
+    parser.add_argument("--predict", type=Path, help="studies/head_set_routing_1.5b/head_set_choices.py's JSON: score each row with the mode "
                                                      "of the set the router chose there (--set-modes)")
     parser.add_argument("--set-modes", help="comma list: the mode measured with each of the router's sets, in order")
     parser.add_argument("--measured", type=Path, help="with --predict: an eval.json holding the router's own elastic "

@@ -1,12 +1,12 @@
 """How well could a head-set router sort unseen prompts if it were told each training prompt's right set? Fits the
 project's `HeadSetRouter` (same network, per-head standardization) by cross-entropy to a fixed set per task on the
 router inputs of a training run's packs (its ``set_losses.safetensors``), then scores the rows kept by
-`scripts/head_set_choices.py --inputs`: per task and length, the share of rows on each set. No objective a router
+`studies/head_set_routing_1.5b/head_set_choices.py --inputs`: per task and length, the share of rows on each set. No objective a router
 is trained with can sort those rows better than its inputs and training rows allow, so this is a ceiling on the
 routing itself, not on the sparsity objective; a router trained with the objective that falls short of it on the
 same rows loses to the objective, one that matches it loses to the inputs or the rows.
 
-    python scripts/task_label_router.py \\
+    python studies/head_set_routing_1.5b/task_label_router.py \\
         --set-losses benchmarks/results/real_model_1.5b_set_losses_per_task_2026-12-06.safetensors \\
         --inputs benchmarks/results/real_model_1.5b_eval_router_inputs_cpu_2026-12-06.safetensors \\
         --sets multikey=0,passkey=1,find_definition=1,next_line=2,recent_fact=2,pattern=2 --out choices.json
@@ -14,8 +14,8 @@ same rows loses to the objective, one that matches it loses to the inputs or the
 --train-inputs adds the rows of other kept inputs files (`head_set_choices.py --inputs`, drawn with a seed apart from
 the evaluation's) to the training rows: whether more rows would sort the evaluation rows better, before any GPU
 computes their losses. --hold-out leaves a task's training rows out of the fit: where would its rows go if it had
-not been trained? --out writes the choices as `scripts/head_set_choices.py` does (``set_msrs`` and each row's
-``logits`` per ``task@length``), so `scripts/row_outcomes.py --predict` scores them with the cells each set was
+not been trained? --out writes the choices as `studies/head_set_routing_1.5b/head_set_choices.py` does (``set_msrs`` and each row's
+``logits`` per ``task@length``), so `studies/head_set_routing_1.5b/row_outcomes.py --predict` scores them with the cells each set was
 measured in.
 """
 
@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set-losses", type=Path, required=True, help="a training run's set_losses.safetensors")
-    parser.add_argument("--inputs", type=Path, required=True, help="scripts/head_set_choices.py's --inputs file")
+    parser.add_argument("--inputs", type=Path, required=True, help="studies/head_set_routing_1.5b/head_set_choices.py's --inputs file")
     parser.add_argument("--train-inputs", type=Path, action="append", default=[],
                         help="a kept inputs file whose rows join the training rows (repeatable)")
     parser.add_argument("--sets", required=True, help="comma list task=set index for every task of the training rows")

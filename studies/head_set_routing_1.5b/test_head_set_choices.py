@@ -1,16 +1,17 @@
-"""scripts/head_set_choices.py: the sets it reads are the ones the model routes with, the price it fits is the
+"""head_set_choices.py: the sets it reads are the ones the model routes with, the price it fits is the
 smallest a scan of prices finds, and the adapter it writes routes as the priced choices say."""
 
 import json
 
 import torch
-from conftest import load_script
+
+import head_set_choices
 
 
 def test_the_fitted_price_is_the_smallest_that_sends_every_sensitive_row_to_the_fullest_set():
     """Oracle: a scan of prices in steps of 1e-3 for the first at which every row's argmax of logit - price * msr is
     the lowest-MSR set."""
-    script = load_script("head_set_choices")
+    script = head_set_choices
     generator = torch.Generator().manual_seed(0)
     msrs = torch.tensor([0.7, 0.25, 1.0, 0.5], dtype=torch.float64)  # the fullest set is not the first
     for _ in range(5):
@@ -39,7 +40,7 @@ def test_choices_match_the_models_routing_and_the_written_adapter_routes_as_pric
     half = torch.zeros(shape, dtype=torch.bool)
     half[::2] = True
     router.set_head_sets(torch.stack([torch.zeros(shape, dtype=torch.bool), torch.ones(shape, dtype=torch.bool), half]))
-    script = load_script("head_set_choices")
+    script = head_set_choices
     tasks = ["needle_single", "local_recall"]
     torch.manual_seed(3)
     with torch.no_grad():  # random weights, then each set's mean logit over the rows removed: the choices spread
@@ -88,7 +89,7 @@ def test_choices_match_the_models_routing_and_the_written_adapter_routes_as_pric
 
 def test_sets_of_the_same_msr_keep_their_own_shares():
     """Oracle: rows counted by hand; two sets at MSR 0.5 (from two search files) are told apart by index."""
-    script = load_script("head_set_choices")
+    script = head_set_choices
     msrs = torch.tensor([0.5, 1.0, 0.5], dtype=torch.float64)
     assert script.set_labels(msrs) == ["0.500 #0", "1.000", "0.500 #2"]
     logits = torch.tensor([[1.0, 0, 0], [0, 0, 1.0], [0, 0, 1.0], [0, 1.0, 0]], dtype=torch.float64)
@@ -129,7 +130,7 @@ def test_kept_router_inputs_give_the_logits_the_prompts_give(tmp_path, monkeypat
         for parameter in ea.routers_of(model)[0].parameters():
             parameter.normal_(0, 0.5)
     ea.save_router(model, tmp_path / "adapter")
-    script = load_script("head_set_choices")
+    script = head_set_choices
     arguments = ["--model", str(TINY_BACKBONE), "--router", str(tmp_path / "adapter"), "--suite", "synthetic",
                  "--tasks", "needle_single,local_recall", "--lengths", "500", "--rows", "3", "--device", "cpu"]
     computed = script.main(arguments)

@@ -1,16 +1,38 @@
-"""scripts/router_input_probe.py: the router's input it reads is the router's own, and its per-task table follows a
+"""router_input_probe.py: the router's input it reads is the router's own, and its per-task table follows a
 separation built by hand."""
 
 import json
 
+import pytest
 import torch
-from conftest import load_script
+
+import router_input_probe
+
+
+@pytest.fixture(scope="module")
+def random_suite_backbone(tmp_path_factory):
+    """A tiny random Qwen3 with the suite tokenizer, saved like a real checkpoint (as tests/conftest.py's)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from elastic_attention.evaluation.synthetic.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, use_sliding_window=False,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    path = tmp_path_factory.mktemp("random_suite_backbone")
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def test_a_held_out_task_on_the_trained_side_of_the_separation_is_assigned_its_kind():
     """Oracle: features whose first coordinate is the kind (+1 sensitive, -1 robust) plus noise, except a held-out
     robust task that looks sensitive there: it is assigned the wrong kind, the others their own."""
-    probe = load_script("router_input_probe")
+    probe = router_input_probe
     generator = torch.Generator().manual_seed(0)
     tasks = {"a": ("sensitive", 1.0), "b": ("robust", -1.0), "c": ("sensitive", 1.0), "d": ("robust", 1.0)}
     names = [task for task in tasks for _ in range(20)]
@@ -33,7 +55,7 @@ def test_the_probe_reads_the_pooled_keys_the_router_reads(random_suite_backbone,
     import elastic_attention as ea
     from elastic_attention.evaluation.pipeline import load_backbone
 
-    probe = load_script("router_input_probe")
+    probe = router_input_probe
     model, tokenizer = load_backbone(random_suite_backbone, "cpu")
     features, names = probe.router_inputs(model, tokenizer, "synthetic", ["needle_single", "local_recall"], [300], 2,
                                           layer=1)
@@ -62,7 +84,7 @@ def test_the_probe_reads_the_pooled_keys_the_router_reads(random_suite_backbone,
 
 def test_the_probe_splits_the_tasks_it_is_told_to(random_suite_backbone, tmp_path):
     """--tasks keeps only those tasks' rows; --positive puts the named ones on one side, whatever their kind."""
-    probe = load_script("router_input_probe")
+    probe = router_input_probe
     table = probe.main(["--model", str(random_suite_backbone), "--suite", "synthetic",
                         "--tasks", "needle_single,local_recall,local_count", "--positive", "local_recall",
                         "--lengths", "300", "--rows", "2", "--device", "cpu", "--out", str(tmp_path / "probe.json")])
@@ -74,7 +96,7 @@ def test_the_probe_splits_the_tasks_it_is_told_to(random_suite_backbone, tmp_pat
 def test_the_probe_refuses_a_split_with_one_side(random_suite_backbone):
     import pytest
 
-    probe = load_script("router_input_probe")
+    probe = router_input_probe
     with pytest.raises(SystemExit):
         probe.main(["--model", str(random_suite_backbone), "--suite", "synthetic", "--tasks", "needle_single",
                     "--positive", "needle_single", "--device", "cpu"])

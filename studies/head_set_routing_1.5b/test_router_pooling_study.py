@@ -1,11 +1,12 @@
-"""scripts/router_pooling_study.py: a row's pooled layer-0 keys for any spans, from one short forward per spans, and a
-fit per spans whose choices `scripts/row_outcomes.py --predict` reads."""
+"""router_pooling_study.py: a row's pooled layer-0 keys for any spans, from one short forward per spans, and a
+fit per spans whose choices `studies/head_set_routing_1.5b/row_outcomes.py --predict` reads."""
 
 import json
 
 import pytest
 import torch
-from conftest import load_script
+
+import router_pooling_study
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def test_span_inputs_are_what_a_router_pooling_those_spans_reads_of_the_whole_pr
     import elastic_attention as ea
     from elastic_attention.integration.routing import read_router_input
 
-    script = load_script("router_pooling_study")
+    script = router_pooling_study
     model, _ = tiny
     prompt = torch.randint(0, model.config.vocab_size, (37,), generator=torch.Generator().manual_seed(3)).tolist()
     widest = (max(first for first, _ in spans), max(last for _, last in spans))
@@ -53,7 +54,7 @@ def test_span_inputs_are_what_a_router_pooling_those_spans_reads_of_the_whole_pr
 def test_each_fit_writes_choices_per_cell_with_the_sets_msrs(tmp_path, capsys):
     from elastic_attention.assets import TINY_BACKBONE
 
-    script = load_script("router_pooling_study")
+    script = router_pooling_study
     document = script.main(["--model", str(TINY_BACKBONE), "--suite", "synthetic", "--sets",
                             "needle_single=0,local_recall=1", "--set-msrs", "0,1", "--pools", "8/4,0/6",
                             "--train-lengths", "300", "--train-rows", "4", "--tasks", "needle_single,local_recall",

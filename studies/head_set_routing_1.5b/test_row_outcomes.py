@@ -1,10 +1,11 @@
-"""scripts/row_outcomes.py: the rescored rows, the per-row ceiling, the full-or-all-SSA choice and elastic's losses
+"""row_outcomes.py: the rescored rows, the per-row ceiling, the full-or-all-SSA choice and elastic's losses
 against a brute-force count over hand-made predictions of synthetic rows."""
 
 import json
 
 import pytest
-from conftest import load_script
+
+import row_outcomes
 
 LENGTH, ROWS = 256, 7
 #: mode -> task -> which rows it answers (1) or misses (0).
@@ -30,7 +31,7 @@ def _results() -> list[dict]:
 
 
 def test_ceiling_full_or_sparse_and_losses_match_a_brute_force_count():
-    script = load_script("row_outcomes")
+    script = row_outcomes
     from elastic_attention.evaluation.frontier import point
 
     results = _results()
@@ -65,7 +66,7 @@ def test_ceiling_full_or_sparse_and_losses_match_a_brute_force_count():
 
 
 def test_a_cell_whose_rows_do_not_score_its_accuracy_is_refused():
-    script = load_script("row_outcomes")
+    script = row_outcomes
     results = _results()
     results[0]["accuracy"] = 1.0
     with pytest.raises(ValueError, match="pass the evaluation's --seed"):
@@ -81,7 +82,7 @@ def test_a_cell_whose_rows_do_not_score_its_accuracy_is_refused():
 def test_main_reads_an_eval_file_and_its_choices(tmp_path, capsys):
     from elastic_attention.assets import TINY_BACKBONE
 
-    script = load_script("row_outcomes")
+    script = row_outcomes
     eval_json, choices_json = tmp_path / "eval.json", tmp_path / "choices.json"
     eval_json.write_text(json.dumps({"seed": 0, "results": _results()}))
     choices_json.write_text(json.dumps({"set_msrs": [0.5, 1.0],
@@ -107,7 +108,7 @@ def test_the_choice_under_an_msr_floor_against_every_choice_enumerated():
     import itertools
     import random
 
-    script = load_script("row_outcomes")
+    script = row_outcomes
     rng = random.Random(4)
     msrs = {"full": 0.0, "half": 0.5, "sparse": 1.0}
     rows = {"a": 5, "b": 3}  # tasks of unequal row counts: each task's rows share its weight
@@ -146,7 +147,7 @@ def test_the_choice_under_an_msr_floor_against_every_choice_enumerated():
 
 
 def test_modes_of_one_msr_each():
-    script = load_script("row_outcomes")
+    script = row_outcomes
     results = [{"mode": "heads@0.4", "length": 8, "msr": 0.39}, {"mode": "heads@0.4", "length": 8, "msr": 0.39},
                {"mode": "elastic", "length": 8, "msr": 0.5}, {"mode": "elastic", "length": 8, "msr": 0.7}]
     assert script.mode_msrs_of(results, ["heads@0.4"], 8) == {"heads@0.4": pytest.approx(0.39)}
@@ -159,7 +160,7 @@ def test_modes_of_one_msr_each():
 def test_main_gives_the_choice_under_msr_floors(tmp_path, capsys):
     from elastic_attention.assets import TINY_BACKBONE
 
-    script = load_script("row_outcomes")
+    script = row_outcomes
     eval_json = tmp_path / "eval.json"
     results = _results()
     for cell in results:
@@ -179,7 +180,7 @@ def test_main_gives_the_choice_under_msr_floors(tmp_path, capsys):
 
 def test_a_routers_score_predicted_from_its_choices_and_the_sets_cells():
     """Oracle: the rows' scores picked by hand from each chosen set's cell."""
-    script = load_script("row_outcomes")
+    script = row_outcomes
     from elastic_attention.evaluation.frontier import point
 
     results = _results()

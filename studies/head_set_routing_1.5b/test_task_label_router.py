@@ -1,18 +1,20 @@
-"""scripts/task_label_router.py: fitted on a training run's router inputs with a set per task, it sorts unseen rows
-as their inputs allow, and writes choices `scripts/row_outcomes.py --predict` reads."""
+"""task_label_router.py: fitted on a training run's router inputs with a set per task, it sorts unseen rows
+as their inputs allow, and writes choices `studies/head_set_routing_1.5b/row_outcomes.py --predict` reads."""
 
 import json
 
 import pytest
 import torch
-from conftest import load_script
 from safetensors.torch import save_file
+
+import row_outcomes
+import task_label_router
 
 
 def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path, capsys):
     """Oracle: inputs whose first coordinate of head 0 is +6 for task a and -6 for task b, the rest noise. Unseen
     rows on each side go to that side's set; a row of a third task placed on a's side goes to a's set."""
-    script = load_script("task_label_router")
+    script = task_label_router
     generator = torch.Generator().manual_seed(0)
 
     def rows(sign: float, count: int) -> torch.Tensor:
@@ -48,7 +50,7 @@ def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path, c
     assert chosen == {"a@600": [0] * 6, "b@600": [2] * 6, "c@600": [0] * 6}
     assert json.loads((tmp_path / "choices.json").read_text())["logits"] == document["logits"]
     # the format row_outcomes reads: the MSR of each row's chosen set
-    outcomes = load_script("row_outcomes")
+    outcomes = row_outcomes
     assert outcomes.chosen_msrs(document, "b", 600) == [1.0] * 6
 
     # more training rows from a kept inputs file drawn with another seed join the fit; the evaluation's own are refused

@@ -14,8 +14,8 @@ minus compiled step) and ``pays_after_steps`` (their ratio).
 Run it twice on one machine with the same ``TORCHINDUCTOR_CACHE_DIR``: the first process compiles from nothing, the
 second finds Inductor's compiled graphs on disk (what a user's later processes pay).
 
-  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor python scripts/compile_decode_cost.py --out cold.json
-  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor python scripts/compile_decode_cost.py --out warm.json
+  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor python studies/kernel_tuning/compile_decode_cost.py --out cold.json
+  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor python studies/kernel_tuning/compile_decode_cost.py --out warm.json
 """
 
 from __future__ import annotations

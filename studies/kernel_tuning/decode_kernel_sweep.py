@@ -9,7 +9,7 @@ next to the copy bandwidth measured in the same run. Each candidate's output is 
 candidate's, from the same state, at every point. "fastest" is the candidate of least total time over the points:
 what `triton_decode.DEFAULT_KERNEL_OPTIONS` should hold for this GPU (or what to pass as ``kernel_options``).
 
-  python3 scripts/decode_kernel_sweep.py --lengths 32k,128k --batch 1,8 --out /tmp/decode_kernel_sweep.json
+  python3 studies/kernel_tuning/decode_kernel_sweep.py --lengths 32k,128k --batch 1,8 --out /tmp/decode_kernel_sweep.json
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ is first checked against the reference backend at 4K tokens; one that fails to c
 its error and skipped. The fastest candidate is what `backends.flex.KERNEL_OPTIONS` should hold for this GPU
 generation and shape.
 
-  python3 scripts/flex_kernel_sweep.py --lengths 32k,128k --msr 0.25,0.5,0.75 --out /tmp/flex_sweep.json
+  python3 studies/kernel_tuning/flex_kernel_sweep.py --lengths 32k,128k --msr 0.25,0.5,0.75 --out /tmp/flex_sweep.json
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ Every candidate's outputs are checked against cuBLAS's. Rows give microseconds p
 and by the fastest candidate. "fastest" is what `grouped_gemv.DEFAULT_OPTIONS` (one row) or `FEW_ROWS_OPTIONS`
 (more) should hold for this GPU.
 
-  python3 scripts/gemv_sweep.py --out /tmp/gemv_sweep.json
-  python3 scripts/gemv_sweep.py --rows 8 --hidden 1536 --intermediate 8960 --heads 12 --kv-heads 2 \
+  python3 studies/kernel_tuning/gemv_sweep.py --out /tmp/gemv_sweep.json
+  python3 studies/kernel_tuning/gemv_sweep.py --rows 8 --hidden 1536 --intermediate 8960 --heads 12 --kv-heads 2 \
       --out /tmp/gemv_sweep_qwen1.5b_rows8.json      # Qwen2.5-1.5B's shape at batch 8
 """
 

@@ -4,7 +4,7 @@ transformers' StaticCache), grouped (matrix products, the decode attention kerne
 rest), per step, against the step's time (CUDA events) and its bandwidth bound; the difference between the step's time
 and the sum of its kernels is the time between kernels.
 
-  python scripts/profile_decode_graph.py --length 131072 --batch 1 [--kinds bounded,dense_static_graph]
+  python studies/kernel_tuning/profile_decode_graph.py --length 131072 --batch 1 [--kinds bounded,dense_static_graph]
 
 ``--model FOLDER --router ADAPTER`` profiles a real model instead, on `bench request`'s prompts (``--task``, left
 padded to ``--batch``) and in its own loop (`bench.request.own_loop_steps`): ``elastic`` (the router's routing, the
@@ -19,7 +19,7 @@ split into its phases
 (`FirstStepPhases`: the static storage, the eager run before the capture, the allocator's ``empty_cache`` that
 ``torch.cuda.graph`` calls, the capture, the first replay, and the rest).
 
-  python scripts/profile_decode_graph.py --model /tmp/qwen2.5-coder-1.5b-instruct \
+  python studies/kernel_tuning/profile_decode_graph.py --model /tmp/qwen2.5-coder-1.5b-instruct \
       --router src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct --task next_line --length 32768 --batch 8
 
 ``--blas`` (torch's preferred BLAS library) and ``--exact-bf16-reductions`` (no reduced-precision reductions in

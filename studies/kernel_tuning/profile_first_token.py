@@ -10,7 +10,7 @@ else SDPA), each:
 - profiled once (`torch.profiler`): the kernels summed by name (the ``--top`` longest), their count, and the time
   the GPU ran no kernel (the call's time minus the kernels' sum); on a CPU, the operators by self time.
 
-  python scripts/profile_first_token.py --model /tmp/qwen2.5-coder-1.5b-instruct \
+  python studies/kernel_tuning/profile_first_token.py --model /tmp/qwen2.5-coder-1.5b-instruct \
       --router src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct --length 16k --batch 1
 
 It answers why `request_complete_2026-12-04.md` measured elastic's first token later than dense at 16K batch 1.

@@ -3,7 +3,7 @@ through SDPA, the rest through flex) at one length and MSR, summed by kernel nam
 events), with dense cuDNN SDPA of the same shape and the SDPA call the split makes for its dense heads timed alone.
 The difference between the call's time and the sum of its kernels is time the GPU waits for the host.
 
-  python scripts/profile_flex_layer.py --length 32768 --msr 0.25 [--heads 32 --kv-heads 8 --head-dim 128]
+  python studies/kernel_tuning/profile_flex_layer.py --length 32768 --msr 0.25 [--heads 32 --kv-heads 8 --head-dim 128]
 """
 
 from __future__ import annotations

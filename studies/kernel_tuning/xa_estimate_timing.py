@@ -3,7 +3,7 @@ antidiagonal scores of bf16 states with float32 copies multiplied in float32 ("f
 for bf16 values), and multiplied in bf16 into float32 results ("bf16", the default since 2026-11-30), checked against
 each other; then the mass selection.
 
-  python scripts/xa_estimate_timing.py --lengths 32768,131072 --heads 32 --kv-heads 8 --out xa_estimate.json
+  python studies/kernel_tuning/xa_estimate_timing.py --lengths 32768,131072 --heads 32 --kv-heads 8 --out xa_estimate.json
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ rows' raw timings; the line names the setups. A last line, not a bar, gives the 
 state where the rows carry it (each setup's median step after its first, which also sets up static storage and
 captures its graph): the part of the decode bar's rate that the first step does not weigh on.
 
-    python scripts/request_bars.py benchmarks/results/request_qwen2.5-coder-1.5b-instruct.json
+    python studies/request_speed_1.5b/request_bars.py benchmarks/results/request_qwen2.5-coder-1.5b-instruct.json
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ inference uses), the share of (layer, KV head) decisions whose logit margin |FA 
 MSR that training's hard Gumbel sampling would give in expectation (mean sigmoid(SA - FA)). A router whose expected
 MSR equals its argmax MSR, with few small margins, is evaluated on the routings it was trained on.
 
-    python scripts/router_margins.py --model artifacts/qwen2.5-coder-0.5b-instruct \
+    python studies/router_recipes_0.5b/router_margins.py --model artifacts/qwen2.5-coder-0.5b-instruct \
         --router src/elastic_attention/assets/routers/qwen2.5-coder-0.5b-instruct --tasks all --length 4k --samples 2
 
 Prints one line per task; --out writes them as JSON with the date, device, command, model and router.

@@ -1,4 +1,4 @@
-"""scripts/router_margins.py: the argmax MSR it reads from the routers' margins is the MSR the evaluation measures
+"""router_margins.py: the argmax MSR it reads from the routers' margins is the MSR the evaluation measures
 on the same rows (pinned heads sparse), and the expected MSR under sampling is the mean of sigmoid(SA - FA)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_script
 
-TINY = Path(__file__).resolve().parents[1] / "src" / "elastic_attention" / "assets" / "backbone_tiny"
+import router_margins
+
+TINY = Path(__file__).resolve().parents[2] / "src" / "elastic_attention" / "assets" / "backbone_tiny"
 
 
 @pytest.mark.parametrize("pinned", [False, True], ids=["routed", "first_head_pinned"])
@@ -33,7 +34,7 @@ def test_margins_agree_with_the_evaluations_routing(tmp_path, pinned):
                 router.head_bias[0, 1] = 5.0
                 router.pin_sparse(torch.arange(router.num_kv_heads) == 0)
     save_router(model, tmp_path / "router")
-    script = load_script("router_margins")
+    script = router_margins
     out = tmp_path / "margins.json"
     table = script.main(["--model", str(TINY), "--router", str(tmp_path / "router"), "--suite", "synthetic",
                          "--tasks", "needle_single,local_recall", "--length", "700", "--samples", "3",

@@ -2,7 +2,7 @@
 float32)? For rows of a suite (code by default), one prefill per stored precision with the adapter's weights rounded to it
 (the routers still compute in float32): how many (layer, KV head) decisions differ from the float32 adapter's.
 
-    python scripts/adapter_precision.py --model artifacts/qwen2.5-coder-1.5b-instruct \
+    python studies/router_recipes_1.5b/adapter_precision.py --model artifacts/qwen2.5-coder-1.5b-instruct \
         --router artifacts/routers/qwen15_distill --length 4k --rows 2 --dtype bfloat16 --out precision.json
 """
 

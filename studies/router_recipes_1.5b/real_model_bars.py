@@ -1,7 +1,7 @@
 """The real model's table and bars from a merged ``eval.json`` (modes full and elastic, and any of static, heads,
 static@0.7 and sparse; every row carries its ``kind``): issue 18's on the 0.5B, issue 40's on the 1.5B.
 
-    python scripts/real_model_bars.py benchmarks/results/real_model_1.5b_eval.json [--lengths 8192,16384]
+    python studies/router_recipes_1.5b/real_model_bars.py benchmarks/results/real_model_1.5b_eval.json [--lengths 8192,16384]
 
 Prints a markdown table (accuracy per mode present, elastic's and each hybrid's MSR, elastic's share of full
 attention's accuracy) and, at the given lengths (default: every length in the file), the bars: elastic keeps

@@ -12,7 +12,7 @@ Writes ``--out``: the ``--base`` training config with each chosen set appended t
 heads over all heads, so the target sits on the set). ``--choice-msrs`` replaces the base's
 ``head_set_choices_msrs`` (the joint search's sets the router keeps). Prints each task's points and the choice.
 
-    python scripts/task_set_config.py --base configs/qwen2.5_coder_1.5b_code_head_set_router_pattern_held_out.yaml \\
+    python studies/static_frontier_1.5b/task_set_config.py --base configs/qwen2.5_coder_1.5b_code_head_set_router_pattern_held_out.yaml \\
         --choice-msrs 0.0,0.6,1.0 --task-set passkey passkey.json eval_passkey_8k/eval.json eval_passkey_16k/eval.json \\
         --full benchmarks/results/real_model_1.5b_eval.json --share 0.98 --out task_sets.yaml
 """
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     config["head_set_choices_extra"] = extra
     config["elastic"]["head_set_choices"] = len(config["head_set_choices_msrs"]) + len(extra)
     header = (f"# elastic-attention train {args.out} model={config['model']} output_dir=runs/{args.out.stem}\n"
-              f"# written by: python scripts/task_set_config.py {shlex.join(argv if argv is not None else sys.argv[1:])}\n")
+              f"# written by: python studies/static_frontier_1.5b/task_set_config.py {shlex.join(argv if argv is not None else sys.argv[1:])}\n")
     atomic_write_text(args.out, header + yaml.safe_dump(config, sort_keys=False, width=120))
     try:
         TrainConfig.from_yaml(args.out).head_set_choices()  # the config trains: its sets load, one per choice

@@ -1,4 +1,4 @@
-"""scripts/task_set_config.py: each task gets the sparsest point of its own search that keeps the share at every
+"""task_set_config.py: each task gets the sparsest point of its own search that keeps the share at every
 length (a slow per-cell rule here is the oracle), and the config it writes trains: its sets load, one per choice,
 with each task's target on its set."""
 
@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 import yaml
-from conftest import load_script
+
+import task_set_config
 
 SHAPE = (2, 4)  # 8 heads: a point at MSR m has round(8 m) sparse heads
 PATH = [[0, 0], [1, 3], [0, 2], [1, 1], [0, 1], [1, 0], [0, 3], [1, 2]]
@@ -17,7 +18,7 @@ PATH = [[0, 0], [1, 3], [0, 2], [1, 1], [0, 1], [1, 0], [0, 3], [1, 2]]
 
 @pytest.fixture(scope="module")
 def tool():
-    return load_script("task_set_config")
+    return task_set_config
 
 
 def _search_file(path):

@@ -11,7 +11,7 @@ colour last, as every other task of the suite does with the thing it asks about;
 nouns of the colour's sentences in order and then their number (``cup dog 2``), so the count follows a list that
 the model writes itself. The reported accuracy is the share of answers whose every token is right (teacher-forced).
 
-    PYTHONPATH=src python scripts/count_probe.py --question last --preset tiny --steps 3000 --out probe.json
+    PYTHONPATH=src python studies/synthetic_backbones/count_probe.py --question last --preset tiny --steps 3000 --out probe.json
 
 Prints one line per evaluation; writes ``{"args": ..., "curve": [[step, loss, accuracy], ...]}`` to ``--out``.
 """
@@ -35,7 +35,7 @@ from elastic_attention.training.data import IGNORE_INDEX
 from elastic_attention.training.pretrain_config import PretrainConfig
 
 #: The backbone shapes the probe trains: the model sections of the pretraining configs.
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PRESETS = {name: CONFIGS / f"backbone_{name}.yaml" for name in ("tiny", "small")}
 
 QUESTIONS = {

@@ -1,14 +1,15 @@
-"""scripts/count_probe.py's data: every supervised answer is the true count (and list) of the asked colour."""
+"""count_probe.py's data: every supervised answer is the true count (and list) of the asked colour."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import load_script
+
+import count_probe
 
 
 @pytest.fixture(scope="module")
 def probe():
-    return load_script("count_probe")
+    return count_probe
 
 
 @pytest.mark.parametrize("question", ["mid", "last", "list"])

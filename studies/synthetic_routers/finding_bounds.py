@@ -1,6 +1,6 @@
 """Issue 4 item 7's bounds from an ``eval.json`` of ``elastic-attention eval`` (modes full, elastic and static).
 
-    python scripts/finding_bounds.py EVAL_JSON --sensitive needle_multikey,variable_tracking --robust local_recall
+    python studies/synthetic_routers/finding_bounds.py EVAL_JSON --sensitive needle_multikey,variable_tracking --robust local_recall
 
 Per length: elastic's share of full attention's accuracy (mean over the sensitive tasks, and over the robust ones),
 elastic's MSR on sensitive and robust tasks and their gap, elastic's average MSR over every task, and the static

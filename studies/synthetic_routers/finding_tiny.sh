@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Router findings on the shipped tiny backbone, CPU: do routers trained with configs/tiny_finding.yaml meet the paper's
 # comparison (full, elastic, static hybrid at elastic's average MSR, all sparse) on the same rows at the training length and twice it?
-#   bash scripts/finding_tiny.sh OUT_DIR [key=value overrides for the training config]
+#   bash studies/synthetic_routers/finding_tiny.sh OUT_DIR [key=value overrides for the training config]
 # The evaluation's tasks: TASKS (default: the config's, needle_multivalue,variable_tracking,local_recall,local_pattern).
 set -eu
-out=${1:?usage: bash scripts/finding_tiny.sh OUT_DIR [overrides]}; shift
+out=${1:?usage: bash studies/synthetic_routers/finding_tiny.sh OUT_DIR [overrides]}; shift
 cli="python -m elastic_attention.cli"
 export PYTHONPATH=${PYTHONPATH:-src}
 $cli train configs/tiny_finding.yaml output_dir="$out/train" "$@" --no-progress
