@@ -22,7 +22,8 @@ def parse_length(text: str) -> int:
     try:
         value = int(cleaned[:-1]) * _TOKEN_SUFFIXES[cleaned[-1]] if cleaned[-1:] in _TOKEN_SUFFIXES else int(cleaned)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"cannot read length {text!r}: use a token count like 3000, 4k or 1m") from None
+        raise argparse.ArgumentTypeError(
+            f"cannot read length {text!r}: use a token count like 3000, 4k or 1m") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"a length must be at least 1 token, got {text!r}")
     return value

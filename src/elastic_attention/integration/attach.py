@@ -76,18 +76,15 @@ def attach(
             replayed (`integration.decode_graph`); False runs every step eagerly.
         compile_decode: with ``cuda_graphs``, whether every decoder layer runs through ``torch.compile`` in the
             captured step (norms, projections, rotary embedding, MLP; the cache update and attention stay outside
-            the compiled graphs), which fuses their elementwise work into fewer kernels. Compiling costs each batch
-            size about 6 s in a fresh process and saves about 13% of a step (H200, Qwen2.5-1.5B's shape at 16K:
-            0.57 of 4.47 ms at batch 1), so it pays only after some 10,000 steps: ``"auto"`` (default) compiles a
-            batch size once the process has decoded that many steps of it uncompiled (`decode_graph.CompilePolicy`),
-            ``True`` from the first capture, ``False`` never.
+            the compiled graphs), which fuses their elementwise work into fewer kernels. Compiling costs seconds
+            per batch size and saves a share of each step, so it pays only after many steps: ``"auto"`` (default)
+            compiles a batch size once the process has decoded enough steps of it uncompiled to have paid for the
+            compile (`decode_graph.CompilePolicy`), ``True`` from the first capture, ``False`` never.
         grouped_projections: with ``cuda_graphs``, a captured step of one sequence runs the decoder layers' linear
             projections as grouped Triton launches (`integration.decode_projections`: q, k and v in one, gate and
-            up in one, no split reductions; alone, 0.80 of the time cuBLAS takes on a Llama-3.1-8B layer on an
-            H200, benchmarks/results/gemv_sweep.json; a whole 8B step at 128K with ``compile_decode``, 5.93 ms
-            against 6.85 ms, benchmarks/results/decode_graphs.json), and a step of 2 to
-            `decode_projections.GROUPED_ROWS` sequences its q/k/v and gate/up groups; False leaves them to torch
-            (cuBLAS).
+            up in one, no split reductions), and a step of 2 to `decode_projections.GROUPED_ROWS` sequences its
+            q/k/v and gate/up groups; False leaves them to torch (cuBLAS). docs/how-it-works.md ("Captured decode
+            steps") gives what compiling and grouping cost and save.
         compile_prefill: every no-grad eval-mode forward that is not a captured decode step (a prefill, an eager
             step) runs each decoder layer through ``torch.compile`` (`decode_graph.compiled`; the key hook, the cache
             update and the attention stay outside the compiled graphs), which fuses the layer's elementwise work
@@ -115,23 +112,12 @@ def attach(
     decoder = decoder_of(model, family)
     modules = attention_modules(decoder, family)
     kinds = layer_kinds(model)
-    full_layers = tuple(index for index, kind in enumerate(kinds) if kind == "full")
-    routed = config.routed_layers if config.routed_layers is not None else full_layers
-    if max(routed) >= len(modules):
-        raise ConfigError(f"`routed_layers` {list(routed)} names layers beyond the model's {len(modules)} layers")
-    sliding = sorted(set(routed) - set(full_layers))
-    if sliding:
-        raise ConfigError(
-            f"`routed_layers` names the sliding-window layers {sliding}; only full-attention layers "
-            f"{list(full_layers)} can be routed"
-        )
-    if config.routed_layers is None and len(full_layers) < len(modules):
-        config = dataclasses.replace(config, routed_layers=full_layers)
+    config = _with_routed_layers(config, kinds)
+    routed = config.routed_layers if config.routed_layers is not None else tuple(range(len(kinds)))
     if not model._can_set_attn_implementation():
         raise UnsupportedModelError(f"{type(model).__name__} does not dispatch attention through AttentionInterface")
     softcap = getattr(model.config, "attn_logit_softcapping", None)
     attention_backend = _backend_for(backend, softcap, family.attention_sinks)
-    window = model_window(model)
 
     head_dim = modules[0].head_dim
     num_kv_heads = model.config.num_key_value_heads
@@ -156,15 +142,48 @@ def attach(
         cache_kind=cache,
         sliding_window=getattr(model.config, "sliding_window", None) if "sliding" in kinds else None,
         sliding_layers=frozenset(index for index, kind in enumerate(kinds) if kind == "sliding"),
-        softcap=softcap, has_sinks=family.attention_sinks, model_window=window, cuda_graphs=cuda_graphs,
+        softcap=softcap, has_sinks=family.attention_sinks, model_window=model_window(model), cuda_graphs=cuda_graphs,
     )
     runtime.previous_implementation = model.config._attn_implementation
     runtime.requires_grad_before = frozen
+    _hook_runtime(model, decoder, modules, family, runtime)
+    model.forward = GraphedForward(model, runtime, decoder_layers(decoder, family), compile_layers=compile_decode,
+                                   group_projections=grouped_projections, compile_prefill=compile_prefill)
+    model.set_attn_implementation(WINDOWED_ATTENTION_NAME if runtime.sliding_layers else ATTENTION_NAME)
+    return model
+
+
+def _with_routed_layers(config: ElasticConfig, kinds: list[str]) -> ElasticConfig:
+    """``config``, with ``routed_layers`` set to the full-attention layers when it names none and the model (its
+    layer ``kinds``, "full" or "sliding") has sliding-window layers.
+
+    Raises:
+        ConfigError: ``routed_layers`` names layers the model does not have, or sliding-window layers.
+    """
+    full_layers = tuple(index for index, kind in enumerate(kinds) if kind == "full")
+    routed = config.routed_layers if config.routed_layers is not None else full_layers
+    if max(routed) >= len(kinds):
+        raise ConfigError(f"`routed_layers` {list(routed)} names layers beyond the model's {len(kinds)} layers")
+    sliding = sorted(set(routed) - set(full_layers))
+    if sliding:
+        raise ConfigError(
+            f"`routed_layers` names the sliding-window layers {sliding}; only full-attention layers "
+            f"{list(full_layers)} can be routed"
+        )
+    if config.routed_layers is None and len(full_layers) < len(kinds):
+        config = dataclasses.replace(config, routed_layers=full_layers)
+    return config
+
+
+def _hook_runtime(model: nn.Module, decoder: nn.Module, modules: list[nn.Module], family,
+                  runtime: ElasticRuntime) -> None:
+    """Register the runtime's hooks (around the decoder, on each routed layer's key source, before the output head)
+    and point the model and its attention modules at it."""
     handles = [
         decoder.register_forward_pre_hook(runtime.before_decoder, with_kwargs=True),
         decoder.register_forward_hook(runtime.after_decoder, with_kwargs=True),
     ]
-    for index in routed:
+    for index in runtime.routed_layers:
         source = getattr(modules[index], family.key_source)
         handles.append(source.register_forward_hook(_key_hook(runtime, index)))
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -174,10 +193,6 @@ def attach(
     for module in modules:
         object.__setattr__(module, RUNTIME_ATTRIBUTE, runtime)
     object.__setattr__(model, RUNTIME_ATTRIBUTE, runtime)
-    model.forward = GraphedForward(model, runtime, decoder_layers(decoder, family), compile_layers=compile_decode,
-                                   group_projections=grouped_projections, compile_prefill=compile_prefill)
-    model.set_attn_implementation(WINDOWED_ATTENTION_NAME if runtime.sliding_layers else ATTENTION_NAME)
-    return model
 
 
 def _with_standard_strides(module: nn.Module, args: tuple) -> tuple:
