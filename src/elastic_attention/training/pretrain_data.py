@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -63,6 +64,75 @@ def sequence_length(step: int, data: PretrainData, seed: int) -> int:
         return data.warmup_len
     choices = (data.max_len - data.min_len) // LENGTH_QUANTUM
     return data.min_len + LENGTH_QUANTUM * SampleRandom(pretrain_seed("length", seed, step)).integer(0, choices)
+
+
+@dataclass
+class _DenseSequence:
+    """A dense needle sequence as it is drawn: its words, the positions whose tokens are supervised, and what later
+    segments draw from. Every method draws from ``rng`` in the order the stream was first measured in."""
+
+    keys: list[str]  #: needle keys not yet used (taken from the end)
+    variables: list[str]  #: variables not yet assigned (taken from the end)
+    colors: list[str]  #: colours not yet used by a count block
+    words: list[str] = field(default_factory=list)
+    supervised: list[int] = field(default_factory=list)
+    stored: list[tuple[str, str]] = field(default_factory=list)  #: needles written, (key, value)
+    spans: list[list[str]] = field(default_factory=list)  #: random filler spans written, for repeats
+    open_targets: list[str] = field(default_factory=list)  #: assigned variables not yet used as a source
+    assignments: list[tuple[str, str]] = field(default_factory=list)  #: (source, target)
+    used_values: set[str] = field(default_factory=set)
+
+    @classmethod
+    def start(cls, rng: SampleRandom, shuffle_colors: bool) -> _DenseSequence:
+        keys, variables, colors = list(KEY_TOKENS), list(VARIABLE_TOKENS), list(COLOR_WORDS)
+        rng.shuffle(keys)
+        rng.shuffle(variables)
+        if shuffle_colors:  # no draw without local blocks: the default stream stays as measured
+            rng.shuffle(colors)
+        return cls(keys=keys, variables=variables, colors=colors)
+
+    def add(self, segment: list[str], supervised=()) -> None:
+        """Append ``segment``; ``supervised`` are offsets into it."""
+        self.supervised += [len(self.words) + offset for offset in supervised]
+        self.words += segment
+
+    def write_needle(self, rng: SampleRandom, echo_rate: float) -> None:
+        """``remember k v .`` with a fresh key, or ``remember k v k .`` (the echo supervised)."""
+        key, value = self.keys.pop(), rng.choice(VALUE_TOKENS)
+        self.stored.append((key, value))
+        echo = echo_rate > 0 and rng.fraction() < echo_rate  # no draw at 0: the default stream stays as measured
+        self.add([NEEDLE_MARKER, key, value, key, "."] if echo else [NEEDLE_MARKER, key, value, "."],
+                 supervised=[3] if echo else [])
+
+    def write_assignment(self, rng: SampleRandom, echo_rate: float) -> None:
+        """``VAR t = s .``: a fresh variable ``t`` from a fresh value or, half the time, from an open target."""
+        target = self.variables.pop()
+        if self.open_targets and rng.fraction() < 0.5:
+            source = self.open_targets.pop(rng.below(len(self.open_targets)))
+        else:
+            source = rng.choice([value for value in VALUE_TOKENS if value not in self.used_values])
+            self.used_values.add(source)
+        self.open_targets.append(target)
+        self.assignments.append((source, target))
+        echo = echo_rate > 0 and rng.fraction() < echo_rate
+        self.add([VARIABLE_MARKER, target, "=", source] + ([target, "."] if echo else ["."]),
+                 supervised=[4] if echo else [])
+
+    def write_filler(self, rng: SampleRandom, repeat_rate: float) -> None:
+        """A repeat of an earlier random span (its second to last tokens supervised), a new random span, or a filler
+        sentence (a paragraph marker before one in eight)."""
+        draw = rng.fraction() if repeat_rate > 0 else 1.0  # no extra draw: the default stream stays as measured
+        if draw < repeat_rate and self.spans:
+            span = rng.choice(self.spans)
+            self.add(span, supervised=range(1, len(span)))
+        elif draw < 2 * repeat_rate:
+            span = [rng.choice(FILLER_WORDS) for _ in range(rng.integer(8, 16))] + ["."]
+            self.spans.append(span)
+            self.add(span)
+        else:
+            if rng.below(8) == 0:
+                self.words.append(PARAGRAPH_MARKER)
+            self.add(filler_sentence(rng, rng.integer(6, 15)))
 
 
 def dense_needle_sequence(
@@ -120,68 +190,25 @@ def dense_needle_sequence(
         variables, repeated span tokens, echoed keys and variables, and the answers and continued items of local
         blocks.
     """
-    keys = list(KEY_TOKENS)
-    rng.shuffle(keys)
-    stored: list[tuple[str, str]] = []
-    spans: list[list[str]] = []
-    words: list[str] = []
-    supervised: list[int] = []
-    variables = list(VARIABLE_TOKENS)
-    rng.shuffle(variables)
-    open_targets: list[str] = []
-    assignments: list[tuple[str, str]] = []  # (source, target)
-    used_values: set[str] = set()
-    colors = list(COLOR_WORDS)
-    if local_rate > 0:  # no draw at 0: the default stream stays as measured
-        rng.shuffle(colors)
-    while len(words) < length:
+    sequence = _DenseSequence.start(rng, shuffle_colors=local_rate > 0)
+    while len(sequence.words) < length:
         draw = rng.fraction()
-        if draw < needle_rate and keys:
-            key, value = keys.pop(), rng.choice(VALUE_TOKENS)
-            stored.append((key, value))
-            echo = echo_rate > 0 and rng.fraction() < echo_rate  # no draw at 0: the default stream stays as measured
-            if echo:
-                supervised.append(len(words) + 3)
-            words += [NEEDLE_MARKER, key, value, key, "."] if echo else [NEEDLE_MARKER, key, value, "."]
-        elif draw < needle_rate + query_rate and stored:
-            key, value = rng.choice(stored)
-            supervised.append(len(words) + 2)
-            words += [QUERY_MARKER, key, value, "."]
-        elif chain_rate > 0 and draw < needle_rate + query_rate + chain_rate and variables:
-            target = variables.pop()
-            if open_targets and rng.fraction() < 0.5:
-                source = open_targets.pop(rng.below(len(open_targets)))
-            else:
-                source = rng.choice([value for value in VALUE_TOKENS if value not in used_values])
-                used_values.add(source)
-            open_targets.append(target)
-            assignments.append((source, target))
-            echo = echo_rate > 0 and rng.fraction() < echo_rate
-            if echo:
-                supervised.append(len(words) + 4)
-            words += [VARIABLE_MARKER, target, "=", source] + ([target, "."] if echo else ["."])
-        elif chain_rate > 0 and draw < needle_rate + query_rate + 2 * chain_rate and assignments:
-            source, target = rng.choice(assignments)
-            supervised.append(len(words) + 2)
-            words += [CHAIN_QUERY_MARKER, source, target, "."]
+        if draw < needle_rate and sequence.keys:
+            sequence.write_needle(rng, echo_rate)
+        elif draw < needle_rate + query_rate and sequence.stored:
+            key, value = rng.choice(sequence.stored)
+            sequence.add([QUERY_MARKER, key, value, "."], supervised=[2])
+        elif chain_rate > 0 and draw < needle_rate + query_rate + chain_rate and sequence.variables:
+            sequence.write_assignment(rng, echo_rate)
+        elif chain_rate > 0 and draw < needle_rate + query_rate + 2 * chain_rate and sequence.assignments:
+            source, target = rng.choice(sequence.assignments)
+            sequence.add([CHAIN_QUERY_MARKER, source, target, "."], supervised=[2])
         elif local_rate > 0 and draw < needle_rate + query_rate + 2 * chain_rate + local_rate:
-            block, answers = local_block(rng, colors, ask_every_color)
-            supervised += [len(words) + offset for offset in answers]
-            words += block
+            block, answers = local_block(rng, sequence.colors, ask_every_color)
+            sequence.add(block, supervised=answers)
         else:
-            draw = rng.fraction() if repeat_rate > 0 else 1.0  # no extra draw: the default stream stays as measured
-            if draw < repeat_rate and spans:
-                span = rng.choice(spans)
-                supervised += range(len(words) + 1, len(words) + len(span))
-                words += span
-            elif draw < 2 * repeat_rate:
-                span = [rng.choice(FILLER_WORDS) for _ in range(rng.integer(8, 16))] + ["."]
-                spans.append(span)
-                words += span
-            else:
-                if rng.below(8) == 0:
-                    words.append(PARAGRAPH_MARKER)
-                words += filler_sentence(rng, rng.integer(6, 15))
+            sequence.write_filler(rng, repeat_rate)
+    words, supervised = sequence.words, sequence.supervised
     input_ids = [ids[word] for word in words[:length]]
     labels = [IGNORE_INDEX] * length
     for position in supervised:
