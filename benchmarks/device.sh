@@ -344,7 +344,7 @@ case ${1:-} in
   real-request-wait)
     real_request_wait ;;
   frontier)
-    CONFIG=${CONFIG:-configs/qwen2.5_coder_code.yaml}  # only its elastic settings (the window) are used
+    CONFIG=${CONFIG:-configs/qwen2.5_coder_1.5b_code_distill.yaml}  # only its elastic settings (the window) are used
     msrs=${FRONTIER_MSRS:-0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8}
     rm -rf /tmp/frontier && mkdir -p /tmp/frontier && cp -r src scripts configs /tmp/frontier/
     export -f frontier_eval && export MODEL CONFIG FRONTIER_SAMPLES BATCH SUITE TASKS

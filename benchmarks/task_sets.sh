@@ -25,7 +25,7 @@ MODEL=${MODEL:?MODEL: the model folder}
 SAMPLES=${SAMPLES:-50}
 BATCH=${BATCH:-10}
 JOINT=${SEARCH_START%@*}
-WINDOW_CONFIG=${WINDOW_CONFIG:-configs/qwen2.5_coder_code.yaml}  # the sparse window of the searches and set cells
+WINDOW_CONFIG=${WINDOW_CONFIG:-configs/qwen2.5_coder_1.5b_code_distill.yaml}  # the sparse window of the searches and set cells
 SHORT=${SHORT_LENGTH:-8k} LONG=${SEARCH_LENGTH:-16k}  # the table's lengths; the searches run at the long one
 TABLE_MODES=${TABLE_MODES:-static,heads}
 cd "$WORK" || exit 1

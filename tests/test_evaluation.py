@@ -289,15 +289,15 @@ def test_eval_cli_attaches_with_a_training_configs_window(tmp_path, capsys):
 
     common = ["eval", "--model", str(TINY_BACKBONE), "--tasks", "needle_single", "--lengths", "700", "--samples", "2",
               "--modes", "sparse", "--device", "cpu"]
-    cli_main([*common, "--config", "configs/tiny_finding.yaml", "--out", str(tmp_path / "out")])
+    cli_main([*common, "--config", "configs/tiny_suite.yaml", "--out", str(tmp_path / "out")])
     document = json.loads((tmp_path / "out" / "eval.json").read_text())
-    config = TrainConfig.from_yaml("configs/tiny_finding.yaml").elastic_config
+    config = TrainConfig.from_yaml("configs/tiny_suite.yaml").elastic_config
     assert document["elastic_config"] == config.to_dict()
     model, tokenizer = load_backbone(TINY_BACKBONE, "cpu")
     results, _ = evaluate_model(model, tokenizer, router=None, modes=["sparse"], tasks=["needle_single"],
                                 lengths=[700], samples=2, config=config, progress=False)
     assert document["results"][0]["predictions"] == results[0].predictions
-    assert cli_main([*common, "--config", "configs/tiny_finding.yaml", "--router", str(tmp_path)]) == 2
+    assert cli_main([*common, "--config", "configs/tiny_suite.yaml", "--router", str(tmp_path)]) == 2
     assert "--config and --router both set the elastic settings" in capsys.readouterr().err
 
 
