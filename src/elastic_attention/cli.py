@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+#: The task suites `eval`, `rows` and `try` take (`elastic_attention.evaluation.suites`).
+EVAL_SUITES = ["synthetic", "code", "ruler"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command (argument types validate their values).
 
@@ -56,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
-    for add_command in (_add_demo, _add_eval, _add_try, _add_generate, _add_lm_eval, _add_eval_merge, _add_models,
-                        _add_recipes, _add_bench):
+    for add_command in (_add_demo, _add_eval, _add_rows, _add_try, _add_generate, _add_lm_eval, _add_eval_merge,
+                        _add_models, _add_recipes, _add_bench):
         add_command(commands)
     return parser
 
@@ -72,14 +76,15 @@ def _add_demo(commands) -> None:
 
 def _add_eval(commands) -> None:
     """`eval`: evaluate a model on a task suite."""
-    evaluate = commands.add_parser("eval", help="evaluate a model on a task suite (synthetic or code)")
+    evaluate = commands.add_parser("eval", help="evaluate a model on a task suite (synthetic, code or ruler)")
     evaluate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
     evaluate.add_argument("--router", help="router adapter folder (needed for the elastic mode)")
     evaluate.add_argument("--modes", type=mode_list, default="full,sparse",
                           help="comma list of full, elastic, static, static@MSR (e.g. static@0.7), sparse, heads "
                                "and heads@MSR (the fixed sets of --head-set)")
-    evaluate.add_argument("--suite", default="synthetic", choices=["synthetic", "code"],
-                          help="synthetic (word-level, for the backbones trained here) or code (real Python source)")
+    evaluate.add_argument("--suite", default="synthetic", choices=EVAL_SUITES,
+                          help="synthetic (word-level, for the backbones trained here), code (real Python source) "
+                               "or ruler (RULER's offline tasks through lm-eval's generators; a held-out test)")
     evaluate.add_argument("--tasks", default="all", help="comma list of task names, or all / sensitive / robust")
     evaluate.add_argument("--lengths", type=length_list, default="2k,4k",
                           help="comma list of prompt lengths, e.g. 2k,4k,8k or 3000")
@@ -96,10 +101,31 @@ def _add_eval(commands) -> None:
     evaluate.add_argument("--overwrite", action="store_true",
                           help="replace the results of an evaluation with other settings in --out")
     evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--rows", help="folder of row cells written by `elastic-attention rows` (same tokenizer and "
+                                         "seed): the cells found there are read instead of generated")
     evaluate.add_argument("--batch-size", type=positive_int, default=8)
     evaluate.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     evaluate.add_argument("--dtype", choices=["float32", "bfloat16"],
                           help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
+
+
+def _add_rows(commands) -> None:
+    """`rows`: write suite rows as row cells, to evaluate elsewhere (`eval --rows`)."""
+    rows = commands.add_parser(
+        "rows", help="write suite rows (RULER's included) as row-cell files for `eval --rows`",
+        description="Write the rows of each task and length as DIR/<task>_<length>.jsonl, measured with the model's "
+                    "tokenizer, so that `elastic-attention eval --rows DIR` reads them instead of generating them "
+                    "(on a machine without lm-eval, or where generating long rows would cost GPU time).",
+        epilog="example: elastic-attention rows --tokenizer artifacts/qwen2.5-coder-0.5b-instruct --suite ruler "
+               "--tasks all --lengths 8k,16k --samples 50 --out cells/ruler",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    rows.add_argument("--tokenizer", required=True, help="folder holding the model's tokenizer (the model folder)")
+    rows.add_argument("--suite", default="ruler", choices=EVAL_SUITES, help="the suite of the tasks")
+    rows.add_argument("--tasks", default="all", help="comma list of task names, or all / sensitive / robust")
+    rows.add_argument("--lengths", type=length_list, default="8k,16k", help="comma list of prompt lengths")
+    rows.add_argument("--samples", type=positive_int, default=50, help="rows per (task, length)")
+    rows.add_argument("--seed", type=int, default=0, help="the suites' seed (give eval the same --seed)")
+    rows.add_argument("--out", required=True, help="folder of the cells (created; a cell's file is replaced)")
 
 
 def _add_try(commands) -> None:
@@ -261,9 +287,23 @@ def _run_eval(args: argparse.Namespace) -> None:
             samples=args.samples, out=args.out,
             static_msr=args.static_msr, seed=args.seed, batch_size=args.batch_size, device=args.device,
             dtype=args.dtype, head_set=head_set, head_set_msr=args.head_set_msr, overwrite=args.overwrite,
-            **config,
+            rows_dir=args.rows, **config,
         )
     )
+
+
+def _run_rows(args: argparse.Namespace) -> None:
+    from transformers import AutoTokenizer
+
+    from elastic_attention.evaluation.pipeline import resolve_tasks
+    from elastic_attention.evaluation.row_cells import write_cells
+
+    tasks = resolve_tasks(_split(args.tasks), args.suite)
+    if not Path(args.tokenizer).is_dir():
+        raise InputError(f"--tokenizer {args.tokenizer} is not a folder: give the model's folder")
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    write_cells(tokenizer, tasks, args.lengths, args.samples, args.seed, args.out,
+                echo=lambda text: print(text, flush=True))
 
 
 def _run_eval_merge(args: argparse.Namespace) -> None:
@@ -318,6 +358,7 @@ _RUNNERS = {
     "train": _run_train,
     "pretrain": _run_pretrain,
     "eval": _run_eval,
+    "rows": _run_rows,
     "eval-merge": _run_eval_merge,
     "try": _run_try,
     "generate": _run_generate,
