@@ -4,9 +4,8 @@ It trains routers on the tiny backbone (frozen), then evaluates four routings on
 elastic (the trained routers), a static hybrid with the same average MSR (the top retrieval-score heads kept on
 full attention) and all sparse; at the training length and at twice it. It prints the table and writes the plots.
 
-The demo uses the two suite tasks the shipped backbone solves under full attention (see
-benchmarks/results/backbones_2026-11-30.md): ``needle_single`` (sparsity-sensitive) and ``local_recall``
-(sparsity-robust).
+The demo uses the two suite tasks the shipped backbone solves under full attention: ``needle_single``
+(sparsity-sensitive) and ``local_recall`` (sparsity-robust).
 """
 
 from __future__ import annotations
@@ -27,7 +26,8 @@ DEMO_TRAIN_LENGTH = 1024
 # A 256-token window makes local_recall truly robust (all-sparse accuracy 1.0 on the shipped backbone and on the
 # earlier one; with 128 it was 0.92 on the earlier one, and its LM loss then resisted sparsity). Pooling reads the
 # first 24 and last 16 tokens, about the instruction and the question (not shown to matter). Standardized router
-# inputs: with the paper's router both tasks ended on the same heads (benchmarks/results/router_recipe_tiny_2026-11-30.md).
+# inputs: with the paper's router both tasks ended on the same heads (docs/how-it-works.md, "Numbers behind the
+# defaults").
 DEMO_ELASTIC = {"block_size": 32, "sink_tokens": 32, "local_tokens": 256, "xa_stride": 8, "pool_first": 24,
                 "pool_last": 16, "router_standardize": True}
 

@@ -14,8 +14,8 @@ attended block lies wholly before the queries and is passed as a full block, so 
 At a prefill from the first token, the (sequence, KV head) pairs whose tables are exactly full causal attention run
 through causal SDPA (`dense_heads="sdpa"`, the default; on Hopper-or-newer GPUs cuDNN first; one call per run of
 consecutive dense KV heads, on views, or one gathered call past `MAX_DENSE_RUNS` runs): torch's dense
-kernels do the same work in less time than flex (an H200 at 32K, head_dim 128, every head dense: cuDNN 15.0 ms,
-flex 20.4 ms). Flex then computes the other heads only (the dense heads' rows get no block). `dense_heads="flex"`
+kernels do the same work in less time than flex (docs/how-it-works.md, "Numbers behind the defaults"). Flex then
+computes the other heads only (the dense heads' rows get no block). `dense_heads="flex"`
 keeps every head in the one flex launch.
 
 Queries of a sequence must start on a block boundary (prefill) or lie inside one block (a decode step).
@@ -41,9 +41,9 @@ CPU_MIN_HEAD_DIM = 32
 # take torch's defaults. Tiles must divide the block (torch's default tile is 128 for large head dims).
 # `scripts/flex_kernel_sweep.py` measures candidates; the winners go here with the run that chose them.
 KERNEL_OPTIONS: dict[tuple[int, int, int], dict] = {
-    # Hopper, head_dim 128, block 128: 9% less time than torch's default (BLOCK_N 64, 3 stages, no TMA) over 32K and
-    # 128K at MSR 0.5 (H200, 2026-12-01, benchmarks/results/flex_sweep_2026-12-01.json). Forward only (``fwd_``):
-    # the backward kernel keeps torch's choice, which the sweep did not measure.
+    # Compute capability 9 (Hopper), head_dim 128, block 128: less time than torch's default (BLOCK_N 64, 3 stages,
+    # no TMA) over 32K and 128K at MSR 0.5. Forward only (``fwd_``): the backward kernel keeps torch's choice, which
+    # the sweep did not measure.
     (9, 128, 128): {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 128, "fwd_num_stages": 2, "fwd_num_warps": 8,
                     "fwd_USE_TMA": True},
 }
@@ -214,10 +214,9 @@ def _dense_kv_heads(counts: torch.Tensor, tables: BlockTables, aligned: AlignedS
 
 
 #: Up to this many runs of consecutive dense KV heads get one SDPA call each, on views of the caller's heads; more
-#: are gathered into one call. An H200 at 32K (head_dim 128, MSR 0.25) spent 1.4 ms of the split's 13.4 ms of
-#: kernels gathering the dense pairs and writing them back (`benchmarks/results/profile_flex_layer_32k_2026-12-02.log`);
-#: on views the 32K MSR 0.25 layer took 0.8-1.4 ms less (`benchmarks/results/layer_flex_2026-12-02.md`, run 6). Many
-#: runs (a large batch routed head by head) would add a launch each, so past this count one gathered call serves.
+#: are gathered into one call. Gathering the dense pairs and writing them back costs a tenth of a split layer's
+#: kernel time, which views save; but many runs (a large batch routed head by head) would add a launch each, so past
+#: this count one gathered call serves.
 MAX_DENSE_RUNS = 4
 
 
@@ -293,9 +292,8 @@ def _without_backward_tables(*states: torch.Tensor) -> dict:
 
 
 def _dense_kernels(device: torch.device):
-    """SDPA's kernels for the dense heads, fastest first: on Hopper-or-newer GPUs cuDNN leads (an H200 at 32K,
-    dense causal: 15.0 ms against flash's 25.7 ms at head_dim 128, 9.3 against 14.2 ms at head_dim 64;
-    `benchmarks/results/layer_flex_2026-12-02.md`); elsewhere torch's own order."""
+    """SDPA's kernels for the dense heads, fastest first: on GPUs of compute capability 9 or more cuDNN leads
+    (docs/how-it-works.md, "Numbers behind the defaults"); elsewhere torch's own order."""
     from contextlib import nullcontext
 
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:

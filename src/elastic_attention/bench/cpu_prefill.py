@@ -2,7 +2,7 @@
 plain model and with elastic attention forced to full and to all-SSA (the `cpu` backend, and `reference` for
 comparison).
 
-  elastic-attention bench cpu-prefill --length 4k --out benchmarks/results/cpu_prefill.json
+  elastic-attention bench cpu-prefill --length 4k --out cpu_prefill.json
   elastic-attention bench cpu-prefill --model artifacts/qwen2.5-coder-0.5b-instruct --length 4k
 
 Without ``--model`` the weights are random (nothing is downloaded); the shape is Qwen2.5-0.5B's (24 layers, hidden

@@ -20,9 +20,9 @@ milliseconds of host time per step); the dense model is timed also with torch's 
 chunks attend by the token rule, see `ElasticCache`), so prompts whose one-pass activations would not fit can be
 measured: the longest context of item 4. Each row records the prefill's seconds and peak memory.
 
-  elastic-attention bench decode --lengths 32k,128k --batch 1,8 --out benchmarks/results/decode.json
+  elastic-attention bench decode --lengths 32k,128k --batch 1,8 --out decode.json
   elastic-attention bench decode --lengths 1m --batch 1 --caches bounded --prefill-chunk 64k --steps 5 \\
-      --out benchmarks/results/decode_1m.json
+      --out decode_1m.json
   elastic-attention bench decode --device cpu --layers 2 --hidden 128 --heads 4 --kv-heads 2 --intermediate 256 \\
       --vocab 500 --lengths 300 --batch 1,2 --block-size 64 --sink 64 --local 128 --out /tmp/decode.json
 """
@@ -94,7 +94,7 @@ def prefill(model, prompt: torch.Tensor, chunk: int, device: torch.device, cache
 def compile_in_process() -> None:
     """Compile in this process. Inductor's compile workers, started by FlexAttention's first compile, take the host's
     cores for seconds afterwards; every CPU op with a thread pool then crawls, and whichever cache decodes first pays
-    for it (measured on the H200 host: steps of 60 ms instead of 7 ms for two seconds; none with one OpenMP thread)."""
+    for it (decode steps several times slower for seconds; none with one OpenMP thread)."""
     from torch._inductor import config as inductor_config
 
     inductor_config.compile_threads = 1

@@ -32,7 +32,7 @@ request (one prompt of LENGTH tokens, then ``--new-tokens`` greedy tokens, batch
 over the static cache; and eager steps over its dynamic cache), wall seconds each, compile and capture included.
 
   elastic-attention bench decode-graphs --lengths 32k,128k --batch 1,8 --request 128k --new-tokens 256 \\
-      --out benchmarks/results/decode_graphs.json
+      --out decode_graphs.json
 """
 
 from __future__ import annotations

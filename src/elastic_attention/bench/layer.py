@@ -10,7 +10,7 @@ of ``--pipelined-layers`` layers run back to back (routing, then attention, as i
 queues one layer's routing while the GPU still runs the previous attention). Every backend is checked against the
 reference backend before it is timed. Results go to a JSON file with the date, device and command.
 
-  elastic-attention bench layer --lengths 8k,32k,128k --msr 0.25,0.5,0.75,1.0 --out benchmarks/results/layer.json
+  elastic-attention bench layer --lengths 8k,32k,128k --msr 0.25,0.5,0.75,1.0 --out layer.json
   elastic-attention bench layer --device cpu --lengths 512 --heads 4 --kv-heads 2 --head-dim 32 --repeats 2 \\
       --out /tmp/layer.json                                                      (a smoke run on a CPU)
 """

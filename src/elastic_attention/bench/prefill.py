@@ -11,7 +11,7 @@ speedup over each dense model of the same length and run (``speedup_vs_<mode>``)
 last hidden state is checked against the same routing on the reference backend. Runs merge into one table with
 `scripts/merge_bench_results.py prefill`.
 
-  elastic-attention bench prefill --lengths 8k,32k,128k --out benchmarks/results/prefill.json
+  elastic-attention bench prefill --lengths 8k,32k,128k --out prefill.json
   elastic-attention bench prefill --device cpu --layers 2 --hidden 256 --heads 4 --kv-heads 2 --intermediate 512 \\
       --vocab 1000 --lengths 512 --configurations fa-ssa --modes sdpa --backend reference --out /tmp/prefill.json
 """

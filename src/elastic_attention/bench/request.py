@@ -42,7 +42,7 @@ shape would).
 
   elastic-attention bench request --model /tmp/qwen2.5-coder-1.5b-instruct \\
       --router ROUTER_FOLDER --lengths 16k,32k --batch 1,8 \\
-      --new-tokens 128 --out benchmarks/results/request_qwen2.5-coder-1.5b-instruct.json
+      --new-tokens 128 --out request_qwen2.5-coder-1.5b-instruct.json
 
 Writes the JSON (rewritten after each cell) and a markdown table beside it (same name, ``.md``).
 """

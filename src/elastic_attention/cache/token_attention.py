@@ -23,7 +23,7 @@ from elastic_attention.patterns.tokens import token_rule_mask
 #: Upper bound on scores (heads x queries x keys) materialized at once.
 _MAX_SCORES_PER_CHUNK = 1 << 25
 #: SDPA kernels for a single query: cuDNN builds an execution plan per key length, milliseconds of host time on
-#: every decode step (measured on an H200 with torch 2.11), so it is left out.
+#: every decode step, so it is left out.
 _SINGLE_QUERY_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

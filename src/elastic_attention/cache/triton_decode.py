@@ -38,9 +38,8 @@ import importlib.util
 
 @dataclass(frozen=True)
 class DecodeKernelOptions:
-    """How `decode_step` launches its kernel. The defaults were the fastest of `scripts/decode_kernel_sweep.py` on
-    the H200 (benchmarks/results/decode_kernel_sweep.json: candidate "p3_split1024_s2"), over 32K and 128K entries
-    at batch 1 and 8.
+    """How `decode_step` launches its kernel. The defaults were the fastest of a sweep over 32K and 128K entries
+    at batch 1 and 8 (docs/how-it-works.md, "Numbers behind the defaults").
 
     Attributes:
         block_keys: keys per block of the attention loop (a power of two, at least 16).
@@ -63,8 +62,8 @@ class DecodeKernelOptions:
 
 #: The options `decode_step` uses unless given others.
 DEFAULT_KERNEL_OPTIONS = DecodeKernelOptions()
-#: Elements of head_dim per merge program: a long full store's splits, merged by one program per query head, made the
-#: merge take 7 us per layer on the H200 at 128K tokens (latency of one SM's loads); chunks spread it over more SMs.
+#: Elements of head_dim per merge program: merged by one program per query head, a long full store's many splits
+#: wait on one SM's load latency; chunks of head_dim spread the merge over more SMs.
 MERGE_CHUNK = 32
 #: Splits a merge program reads at once (more take several rounds of its online softmax).
 MERGE_SPLITS = 128

@@ -37,18 +37,8 @@ Tasks:
     random project and number per row around the argument) 30-200 tokens before the end of the context; what the
     function returns for a fifth argument is asked.
 
-Replaced after the first measurements on Qwen2.5-Coder-0.5B-Instruct (full attention could not do them, so they
-could not tell sparse from full): RULER-style variable tracking (two chains of two hops: 0.20 / 0.12 at 8K / 16K;
-a two-hop "project X uses the key of project Y" link: 0.38 at 4K) and a few-shot renaming rule at the end of the
-context (0.00 at 8K-32K in three phrasings). Rephrased after the H200 probes of 2026-12-02 (full attention, 50 rows
-at 8K / 16K): ``find_definition`` quoting the ``def`` line 0.66 / 0.30, asked plainly 0.76 / 0.50, asked which number
-follows the quoted line 0.22 / 0.00; ``multivalue`` as two comments 0.62 / 0.22, as numbered constants 0.88 / 0.40,
-as ``AMBER_SECRET_KEYS.append(...)`` calls 0.10 / 0.00; ``multikey`` as comments 0.84 / 0.66, as constants
-``AMBER_SECRET_KEY = ...`` 0.54 / 0.32 (kept as comments). A few-shot pattern at the end (``assert
-tag_amber("parser") == "PARSER-182"``, four examples) scored 0.26 / 0.18: the model mostly repeated an example;
-``pattern``, whose rule copies the argument into a template, replaced it (2026-12-03; on the H200 full attention
-0.68 / 0.54 and all-SSA 0.90 / 0.98 at 8K / 16K: like ``recent_definition``, a local task this model does better
-without its long context).
+The tasks above replaced or rephrased earlier ones that full attention could not do (so they could not tell
+sparse from full); docs/how-it-works.md ("Numbers behind the defaults") gives which and the measurements.
 
 Determinism: sample ``i`` is drawn from ``SampleRandom(sample_seed(task, length, seed, i))`` and the snapshot; the
 tokenizer only decides where contexts are cut. Each row's ``metadata["evidence_spans"]`` gives the character spans

@@ -55,11 +55,9 @@ _STEP_ARGUMENTS = frozenset({"input_ids", "attention_mask", "position_ids", "pas
 #: Steps between two checks that every step's attention mask marked its new token as real (one host read each).
 MASK_CHECK_INTERVAL = 32
 #: Seconds a process spends compiling the decoder layers of a captured step for a batch size it has not compiled
-#: (`compiled`), and seconds a compiled step then saves a decoder layer (`compile_after_steps`). Measured on an H200
-#: with a 28-layer model of Qwen2.5-1.5B's shape at 16K tokens, MSR 0.9 (scripts/compile_decode_cost.py,
-#: benchmarks/results/compile_decode_cost_{cold,warm}_2026-12-03.json): compiling took 6.17 s at batch 1 and 5.82 s
-#: at batch 8 in a fresh process (3.57 / 2.79 s with Inductor's compiled graphs on disk), and saved 0.568 ms of a
-#: 4.47 ms step at batch 1 (0.947 ms of 5.45 at batch 8).
+#: (`compiled`), and seconds a compiled step then saves a decoder layer (`compile_after_steps`): measured with a
+#: 28-layer model of Qwen2.5-1.5B's shape at 16K tokens, batch 1, in a fresh process (docs/how-it-works.md, "Numbers
+#: behind the defaults").
 COMPILE_SECONDS = 6.2
 SAVED_SECONDS_PER_LAYER = 0.568e-3 / 28
 

@@ -27,10 +27,9 @@ SHARED_INPUT_PROJECTIONS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.
 
 
 #: The most rows of input (a decode step's batch) whose projections run grouped; more go to cuBLAS. At 2 or more rows
-#: only groups of several projections run grouped: on an H100 at 8 rows of Qwen2.5-1.5B's shape the several-row kernel
-#: took 5.5 us for q, k and v against cuBLAS's 14.4 and 23.2 us for gate and up against 24.9, but 5.1 us for o
-#: against 4.6 and 21.1 us for down against 14.6 (cuBLAS splits its long reduction)
-#: (benchmarks/results/gemv_sweep_qwen1.5b_rows8_h100_2026-12-06.json). Measured at 8 rows only, so 8 is the limit.
+#: only groups of several projections (q/k/v, gate/up) run grouped: the several-row kernel beat cuBLAS on those and
+#: lost on o and down alone, whose long reductions cuBLAS splits (docs/how-it-works.md, "Numbers behind the
+#: defaults"). Measured at 8 rows only, so 8 is the limit.
 GROUPED_ROWS = 8
 
 

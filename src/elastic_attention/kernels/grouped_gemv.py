@@ -3,9 +3,8 @@ per group of weights that read the same input.
 
 At a small batch a decoder layer's projections must read every weight once; their time is the weights' bytes over
 the memory bandwidth. cuBLAS runs the small ones (a model's q, k, v and o projections) far below it and splits the
-long reductions (o and down projections) into partial sums that another kernel adds up
-(benchmarks/results/decode_graph_profile_128k_2026-12-01.log; at batch 8 on Qwen2.5-1.5B, q, k and v took 15 us of a
-layer's 57 us for 11% of its bytes: decode_graph_profile_1.5b_real_32k_b8_h100_2026-12-05.log). `grouped_linear`
+long reductions (o and down projections) into partial sums that another kernel adds up (docs/how-it-works.md,
+"Numbers behind the defaults", gives the profiles). `grouped_linear`
 computes the projections that read one input (q, k and v; gate and up) in one launch, each program over a few whole
 rows of one weight for every input row, so the small weights ride along with the large one, each weight element is
 read once, and nothing is reduced after the kernel. One row runs `grouped_gemv_kernel` (products on the CUDA
@@ -34,9 +33,8 @@ MAX_INPUT_ROWS = 16
 
 @dataclass(frozen=True)
 class GemvOptions:
-    """How `grouped_linear` launches its kernel. The defaults (one row of input) were the fastest of
-    `scripts/gemv_sweep.py` on the H200 for the Llama-3.1-8B shape (benchmarks/results/gemv_sweep.json:
-    "r4_c2048_w4_s3", 106.7 us per layer against cuBLAS's 133.1, 0.98 of the copy bandwidth).
+    """How `grouped_linear` launches its kernel. The defaults (one row of input) were the fastest of a sweep for the
+    Llama-3.1-8B shape (docs/how-it-works.md, "Numbers behind the defaults").
 
     Attributes:
         block_rows: weight rows per program (a power of two; at least 16 for more than one row of input).
@@ -54,9 +52,8 @@ class GemvOptions:
 #: The options `grouped_linear` uses for one row of input unless given others.
 DEFAULT_OPTIONS = GemvOptions()
 
-#: The options `grouped_linear` uses for 2 to `MAX_INPUT_ROWS` rows of input unless given others: the fastest of
-#: `scripts/gemv_sweep.py --rows 8` on an H100 for Qwen2.5-1.5B's shape ("r32_c256_w4_s3": 56.2 us per layer against
-#: cuBLAS's 60.9; benchmarks/results/gemv_sweep_qwen1.5b_rows8_h100_2026-12-06.json).
+#: The options `grouped_linear` uses for 2 to `MAX_INPUT_ROWS` rows of input unless given others: the fastest of a
+#: sweep at 8 rows for Qwen2.5-1.5B's shape (docs/how-it-works.md, "Numbers behind the defaults").
 FEW_ROWS_OPTIONS = GemvOptions(block_rows=32, block_cols=256, num_warps=4, num_stages=3)
 
 
