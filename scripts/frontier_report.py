@@ -16,7 +16,7 @@ set's points ``heads@MSR`` and the retrieval-score static hybrid's ``static@MSR`
 - with ``--plot``, the Pareto plot (mean retention against average MSR; the curves, the by-kind point and each
   router run's point, against the run's own full-attention cells where its file has them).
 
-    python scripts/frontier_report.py benchmarks/results/real_model_1.5b_frontier_eval.json \
+    python scripts/frontier_report.py benchmarks/results/real_model_1.5b_frontier.json \
         --router fifth=runs/eval.json --plot pareto.png --out frontier.md
 """
 

@@ -46,7 +46,7 @@ def test_full_attention_retrieves_and_the_window_hides_far_needles(backbone):
 @pytest.fixture(scope="module")
 def acceptance_cells():
     """Full and all-SSA accuracy of the shipped backbone on every task at its training length (2048), 16 rows each
-    (the rows of the backbone table in `benchmarks/results/backbones_2026-11-30.md`), with its window (sink 64 +
+    (the rows of the backbone table in `studies/synthetic_backbones/results/backbones_2026-11-30.md`), with its window (sink 64 +
     local 256, block 64). With 8 rows the needle's all-SSA accuracy reads 0.375 against 0.25 on 16."""
     model, tokenizer = load_backbone(TINY_BACKBONE, "cpu")
     window = ElasticConfig(block_size=64, sink_tokens=64, local_tokens=256, xa_stride=8)

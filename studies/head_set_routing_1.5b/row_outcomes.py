@@ -24,8 +24,8 @@ its stored accuracy is refused (wrong tokenizer, seed or file). Then, at each le
 
     python studies/head_set_routing_1.5b/row_outcomes.py benchmarks/results/real_model_1.5b_eval.json \
         --model artifacts/qwen2.5-coder-1.5b-instruct --lengths 8192,16384 \
-        --choices benchmarks/results/real_model_1.5b_head_set_choices_expected_h100_2026-12-05.json
-    python studies/head_set_routing_1.5b/row_outcomes.py benchmarks/results/real_model_1.5b_frontier_eval_2026-12-03.json \
+        --choices studies/head_set_routing_1.5b/results/real_model_1.5b_head_set_choices_expected_h100_2026-12-05.json
+    python studies/head_set_routing_1.5b/row_outcomes.py benchmarks/results/real_model_1.5b_frontier.json \
         --model artifacts/qwen2.5-coder-1.5b-instruct --oracle-modes heads@0.4,heads@0.5,heads@0.6,heads@0.8,sparse \
         --msr-floors 0.6,0.7,0.8 --predict CHOICES --set-modes heads@0.4,heads@0.5,heads@0.6,heads@0.8,sparse \
         --measured benchmarks/results/real_model_1.5b_eval.json

@@ -7,8 +7,8 @@ routing itself, not on the sparsity objective; a router trained with the objecti
 same rows loses to the objective, one that matches it loses to the inputs or the rows.
 
     python studies/head_set_routing_1.5b/task_label_router.py \\
-        --set-losses benchmarks/results/real_model_1.5b_set_losses_per_task_2026-12-06.safetensors \\
-        --inputs benchmarks/results/real_model_1.5b_eval_router_inputs_cpu_2026-12-06.safetensors \\
+        --set-losses studies/router_recipes_1.5b/results/real_model_1.5b_set_losses_per_task_2026-12-06.safetensors \\
+        --inputs studies/head_set_routing_1.5b/results/real_model_1.5b_eval_router_inputs_cpu_2026-12-06.safetensors \\
         --sets multikey=0,passkey=1,find_definition=1,next_line=2,recent_fact=2,pattern=2 --out choices.json
 
 --train-inputs adds the rows of other kept inputs files (`head_set_choices.py --inputs`, drawn with a seed apart from

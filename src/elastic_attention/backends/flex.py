@@ -39,7 +39,7 @@ CPU_MIN_HEAD_DIM = 32
 
 # Kernel options measured fastest per (GPU major version, head_dim, block size) for bf16 prefill; shapes not listed
 # take torch's defaults. Tiles must divide the block (torch's default tile is 128 for large head dims).
-# `scripts/flex_kernel_sweep.py` measures candidates; the winners go here with the run that chose them.
+# `studies/kernel_tuning/flex_kernel_sweep.py` measures candidates; the winners go here with the run that chose them.
 KERNEL_OPTIONS: dict[tuple[int, int, int], dict] = {
     # Compute capability 9 (Hopper), head_dim 128, block 128: less time than torch's default (BLOCK_N 64, 3 stages,
     # no TMA) over 32K and 128K at MSR 0.5. Forward only (``fwd_``): the backward kernel keeps torch's choice, which
@@ -85,7 +85,7 @@ class FlexBackend:
     def __init__(self, kernel_options: dict | None = None, dense_heads: str = "sdpa") -> None:
         """Args:
             kernel_options: flex_attention ``kernel_options`` for every call, instead of those `kernel_options_for`
-                picks per GPU, head_dim and block size (for tuning; see `scripts/flex_kernel_sweep.py`).
+                picks per GPU, head_dim and block size (for tuning; see `studies/kernel_tuning/flex_kernel_sweep.py`).
             dense_heads: ``"sdpa"``: at a prefill from the first token, KV heads whose tables are full causal
                 attention run through one causal SDPA call and flex computes the rest; ``"flex"``: every head in
                 the flex launch.

@@ -485,7 +485,8 @@ def parse_args(argv=None):
                         help="also time one request of this many prompt tokens (0: none)")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--kernel-options", type=lambda text: DecodeKernelOptions(**__import__("json").loads(text)),
-                        default=None, help="fused decode kernel options as JSON (see scripts/decode_kernel_sweep.py)")
+                        default=None,
+                        help="fused decode kernel options as JSON (see studies/kernel_tuning/decode_kernel_sweep.py)")
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 

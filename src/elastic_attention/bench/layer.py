@@ -143,7 +143,7 @@ def parse_args(argv=None):
     add_pattern_arguments(parser)
     parser.add_argument("--flex-kernel-options", type=json.loads, default=None,
                         help="flex_attention kernel options as JSON, instead of the backend's per-GPU choice "
-                             "(scripts/flex_kernel_sweep.py finds them)")
+                             "(studies/kernel_tuning/flex_kernel_sweep.py finds them)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--pipelined-layers", type=int, default=8, help="layers per timing of the pipelined layer")
     parser.add_argument("--check-up-to", type=int, default=8192, help="check backends against the reference up to")
