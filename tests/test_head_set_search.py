@@ -1,6 +1,7 @@
-"""scripts/head_set_search.py: the greedy search finds the brute-force optimum where costs add up, never passes a
-target, records its path head by head, weighs every task alike in a joint search, and scores a head set by the answer
-cross-entropy the plain model gives under full attention."""
+"""`elastic_attention.head_sets.search` and `elastic-attention search-heads`: the greedy search finds the brute-force
+optimum where costs add up, never passes a target, records its path head by head, weighs every task alike in a joint
+search, and scores a head set by the answer cross-entropy the plain model gives under full attention; the command runs
+end to end on the shipped tiny backbone (CPU) and refuses bad starts with one line."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_script
 
-TINY = Path(__file__).resolve().parents[1] / "src" / "elastic_attention" / "assets" / "backbone_tiny"
+from elastic_attention.assets import TINY_BACKBONE as TINY
+from elastic_attention.cli import main as cli_main
 
 
 @pytest.fixture(scope="module")
 def search():
-    return load_script("head_set_search")
+    from elastic_attention.head_sets import search
+
+    return search
 
 
 @pytest.mark.parametrize("step", [1, 3, 7])
@@ -144,17 +147,23 @@ def test_score_of_full_attention_is_the_plain_models_answer_cross_entropy(search
     assert score(torch.zeros(4, 2, dtype=torch.bool)) > joint
 
 
-def test_the_script_writes_its_path_each_msrs_set_and_their_accuracy(search, tmp_path):
+#: The tiny backbone's search at 512 tokens, one search row per task: a run of seconds on a CPU.
+COMMON = ["search-heads", "--model", str(TINY), "--suite", "synthetic", "--length", "512", "--search-samples", "1",
+          "--pack-tokens", "1200", "--device", "cpu"]
+
+
+def test_the_command_writes_its_path_each_msrs_set_and_their_accuracy(tmp_path, capsys):
     from elastic_attention.head_sets import read_head_sets
 
     out = tmp_path / "search.json"
     tasks = ["needle_single", "local_recall"]
-    result = search.main(["--model", str(TINY), "--config", "configs/tiny_finding.yaml", "--tasks", ",".join(tasks),
-                          "--suite", "synthetic", "--length", "1024", "--msr", "0.25,0.5", "--step", "3",
-                          "--search-samples", "1", "--pack-tokens", "2200", "--samples", "3", "--device", "cpu",
-                          "--out", str(out)])
-    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert cli_main([*COMMON, "--tasks", ",".join(tasks), "--msr", "0.25,0.5", "--step", "3", "--samples", "1",
+                     "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "answer cross-entropy: full" in printed.err and "MSR 0.500: 4 of 8 KV heads sparse; kept" in printed.out
+    result = json.loads(out.read_text())
     assert result["tasks"] == tasks and sorted(result["task_cross_entropy_full"]) == sorted(tasks)
+    assert result["elastic"]["local_tokens"] == 256  # eval's default settings without --config
     assert [entry["msr_asked"] for entry in result["sets"]] == [0.25, 0.5]
     assert [record["sparse_heads"] for record in result["rounds"]] == [2, 4]
     heads = read_head_sets(out)
@@ -169,30 +178,58 @@ def test_the_script_writes_its_path_each_msrs_set_and_their_accuracy(search, tmp
     assert int((~between).sum()) == 3 and bool((between | ~torch.tensor(result["sets"][1]["full_heads"])).all())
 
 
-def test_a_search_started_from_a_point_of_another_path_goes_on_from_it(search, tmp_path):
+def test_a_search_started_from_a_point_of_another_path_goes_on_from_it(tmp_path, capsys):
     """The second search's path begins with the first's up to the start, and its sets hold that point's sparse
-    heads; a start that is not a point of the file, or MSRs not above it, are refused with the fix."""
+    heads; a start that is not a point of the file, or MSRs not above it, are refused with one line and status 2."""
     from elastic_attention.head_sets import read_head_sets
 
-    common = ["--model", str(TINY), "--config", "configs/tiny_finding.yaml", "--suite", "synthetic",
-              "--length", "1024", "--search-samples", "1", "--pack-tokens", "2200", "--samples", "0",
-              "--device", "cpu"]
     first = tmp_path / "joint.json"
-    search.main([*common, "--tasks", "needle_single,local_recall", "--msr", "0.25", "--step", "2",
-                 "--out", str(first)])
+    assert cli_main([*COMMON, "--tasks", "needle_single,local_recall", "--msr", "0.25", "--step", "2",
+                     "--samples", "0", "--out", str(first)]) == 0
     second = tmp_path / "needle.json"
-    result = search.main([*common, "--tasks", "needle_single", "--msr", "0.5,0.625", "--step", "1",
-                          "--start", f"{first}@0.25", "--out", str(second)])
+    assert cli_main([*COMMON, "--tasks", "needle_single", "--msr", "0.5,0.625", "--step", "1", "--samples", "0",
+                     "--start", f"{first}@0.25", "--out", str(second)]) == 0
+    result = json.loads(second.read_text())
     earlier, later = read_head_sets(first), read_head_sets(second)
     assert result["start"] == f"{first}@0.25" and later.path[:2] == earlier.path[:2] and len(later.path) == 5
     assert [record["sparse_heads"] for record in result["rounds"]] == [3, 4, 5]
     for msr in (0.5, 0.625):
         assert not bool((later.at(msr) & ~earlier.at(0.25)).any())  # the start's sparse heads stay sparse
-    with pytest.raises(SystemExit):
-        search.main([*common, "--tasks", "needle_single", "--msr", "0.25", "--start", f"{first}@0.25",
-                     "--out", str(tmp_path / "refused.json")])
+    capsys.readouterr()
+    refused = str(tmp_path / "refused.json")
+    assert cli_main([*COMMON, "--tasks", "needle_single", "--msr", "0.25", "--samples", "0",
+                     "--start", f"{first}@0.25", "--out", refused]) == 2
+    assert "every MSR must lie above the start's (0.250)" in capsys.readouterr().err
     head_set = tmp_path / "one_set.json"  # a set with no path: not a point the search can go on from
     head_set.write_text(json.dumps({"sets": [{"msr_asked": 0.25, "full_heads": earlier.at(0.25).tolist()}]}))
+    assert cli_main([*COMMON, "--tasks", "needle_single", "--msr", "0.5", "--samples", "0",
+                     "--start", f"{head_set}@0.25", "--out", refused]) == 2
+    error = capsys.readouterr().err
+    assert "not a point of that file's path" in error and len(error.strip().splitlines()) == 1
+    assert not Path(refused).exists()
+
+
+@pytest.mark.parametrize("argument, message", [(["--msr", "0,0.5"], "numbers in (0, 1]"),
+                                               (["--step", "0"], "positive integer"),
+                                               (["--samples", "-1"], "at least 0"),
+                                               (["--suite", "ruler"], "invalid choice")])
+def test_bad_arguments_are_refused_before_the_model_loads(tmp_path, capsys, argument, message):
+    with pytest.raises(SystemExit) as stopped:
+        cli_main([*COMMON, "--tasks", "needle_single", "--out", str(tmp_path / "out.json"), *argument])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_help_names_the_command_its_defaults_and_an_example(capsys):
     with pytest.raises(SystemExit):
-        search.main([*common, "--tasks", "needle_single", "--msr", "0.5", "--start", f"{head_set}@0.25",
-                     "--out", str(tmp_path / "refused.json")])
+        cli_main(["search-heads", "--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: elastic-attention search-heads")
+    assert "(default: 0.5,0.6,0.7)" in text and "needle_multivalue" in text and "passkey" in text
+    assert "example:\n  elastic-attention search-heads --model" in text and "issue" not in text.lower()
+
+
+def test_the_help_lists_each_search_suites_tasks_as_the_suites_have_them():
+    from elastic_attention.cli import SEARCH_TASKS
+    from elastic_attention.evaluation.suites import get_suite
+
+    assert {suite: tuple(get_suite(suite).tasks) for suite in SEARCH_TASKS} == SEARCH_TASKS

@@ -236,7 +236,7 @@ def test_default_targets_are_the_papers_for_the_datas_tasks():
 
 
 def write_head_sets(path, sets):
-    """A scripts/head_set_search.py result holding ``sets`` ({msr_asked: [layers][KV heads] bools})."""
+    """A search-heads result holding ``sets`` ({msr_asked: [layers][KV heads] bools})."""
     path.write_text(json.dumps({"sets": [{"msr_asked": msr, "full_heads": heads} for msr, heads in sets.items()]}))
     return path
 
@@ -262,7 +262,7 @@ def test_initial_full_heads_errors_name_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="`sparse_outside_initial_heads` pins the heads outside `initial_full_heads`"):
         TrainConfig(model="m", sparse_outside_initial_heads=True)
     (tmp_path / "bad.json").write_text(json.dumps({"rounds": []}))
-    with pytest.raises(ConfigError, match="not a head_set_search result"):
+    with pytest.raises(ConfigError, match="not a head-set file"):
         TrainConfig(model="m", elastic=standardizing, initial_full_probability=0.9,
                     initial_full_heads=str(tmp_path / "bad.json"))
     numbers = write_head_sets(tmp_path / "numbers.json", {0.5: [[1, 0], [0, 1]]})

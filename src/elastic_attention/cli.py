@@ -15,7 +15,7 @@ from pathlib import Path
 
 from elastic_attention.errors import ElasticAttentionError, InputError
 from elastic_attention.units import comma_list as _split
-from elastic_attention.units import fraction, length_list, parse_length, positive_int
+from elastic_attention.units import fraction, length_list, msr_list, non_negative_int, parse_length, positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
 
 #: The task suites `eval`, `rows` and `try` take (`elastic_attention.evaluation.suites`).
 EVAL_SUITES = ["synthetic", "code", "ruler"]
+#: The suites `search-heads` draws its rows from (never a held-out test's) and their tasks as `evaluation.suites`
+#: lists them, written out so that `--help` imports no torch (tests/test_head_set_search.py checks they agree).
+SEARCH_TASKS = {
+    "synthetic": ("needle_single", "needle_multikey", "needle_multivalue", "variable_tracking", "local_recall",
+                  "local_pattern", "local_count"),
+    "code": ("passkey", "multikey", "find_definition", "multivalue", "next_line", "recent_fact", "recent_definition",
+             "pattern"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
     for add_command in (_add_demo, _add_eval, _add_rows, _add_try, _add_generate, _add_lm_eval, _add_eval_merge,
-                        _add_models, _add_recipes, _add_bench):
+                        _add_models, _add_recipes, _add_bench, _add_search_heads):
         add_command(commands)
     return parser
 
@@ -91,7 +99,7 @@ def _add_eval(commands) -> None:
     evaluate.add_argument("--samples", type=positive_int, default=20, help="rows per (task, length)")
     evaluate.add_argument("--static-msr", type=fraction, help="MSR of the static hybrid (default: elastic's average)")
     evaluate.add_argument("--head-set",
-                          help="head-set file for the heads mode (the --out of scripts/head_set_search.py)")
+                          help="head-set file for the heads mode (the --out of `elastic-attention search-heads`)")
     evaluate.add_argument("--head-set-msr", type=fraction,
                           help="MSR of the heads mode's set (a kept set, or a point of the file's search path); "
                                "default: elastic's average MSR when a path is known, else the file's only set")
@@ -210,6 +218,50 @@ def _add_bench(commands) -> None:
     bench = commands.add_parser("bench", help=f"benchmarks: bench {'|'.join(benchmarks)} [options]")
     bench.add_argument("benchmark", choices=benchmarks)
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
+
+
+def _add_search_heads(commands) -> None:
+    """`search-heads`: the greedy search for fixed head sets (`head_sets.search`)."""
+    names = "; ".join(f"{suite}: {', '.join(tasks)}" for suite, tasks in SEARCH_TASKS.items())
+    search = commands.add_parser(
+        "search-heads", help="search greedily for fixed sets of full-attention KV heads that keep tasks",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="From every KV head on full attention, each round moves to sparse attention the --step heads "
+                    "whose move raises the\nanswer cross-entropy of the search rows least, up to the largest --msr. "
+                    "Writes the path (every head in the order it\nwent sparse) and the sets at each --msr to --out, "
+                    "after every round; `eval --modes heads@M --head-set FILE`\nevaluates any point of the path.",
+        epilog="example:\n  elastic-attention search-heads --model artifacts/qwen2.5-coder-0.5b-instruct --suite code "
+               "--tasks sensitive \\\n      --length 16k --msr 0.5,0.6,0.7 --search-samples 2 --samples 0 --out search.json")
+    search.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
+    search.add_argument("--tasks", required=True,
+                        help=f"comma list of task names of --suite, or all / sensitive / robust; several make one "
+                             f"joint set ({names})")
+    search.add_argument("--suite", default="code", choices=list(SEARCH_TASKS),
+                        help="suite of the tasks (default: %(default)s)")
+    search.add_argument("--length", type=parse_length, required=True, help="prompt length, e.g. 16k or 3000")
+    search.add_argument("--msr", type=msr_list, default="0.5,0.6,0.7",
+                        help="comma list of MSRs in (0, 1] at which to keep the set (default: %(default)s)")
+    search.add_argument("--out", required=True, help="the head-set JSON file to write")
+    search.add_argument("--config", help="a training config whose `elastic` settings run the sparse heads "
+                                         "(default: sink 64 + local 256 in blocks of 64, as eval)")
+    search.add_argument("--start", metavar="FILE@MSR",
+                        help="prune from this point of an earlier search's path instead of from full attention")
+    search.add_argument("--step", type=positive_int, default=4,
+                        help="heads moved to sparse attention per round at most (default: %(default)s)")
+    search.add_argument("--search-samples", type=positive_int, default=8,
+                        help="search rows of each task (default: %(default)s)")
+    search.add_argument("--search-seed", type=int, default=1,
+                        help="seed of the search rows; the evaluation uses 0 (default: %(default)s)")
+    search.add_argument("--pack-tokens", type=positive_int, default=65536,
+                        help="token budget of one forward of search rows (default: %(default)s)")
+    search.add_argument("--samples", type=non_negative_int, default=50,
+                        help="evaluation rows of each task for each kept set, full attention and all-sparse; 0: no "
+                             "evaluation (default: %(default)s)")
+    search.add_argument("--batch-size", type=positive_int, default=16,
+                        help="rows per generate call of the evaluation (default: %(default)s)")
+    search.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    search.add_argument("--dtype", choices=["float32", "bfloat16"],
+                        help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -351,6 +403,26 @@ def _run_models(args: argparse.Namespace) -> None:
         print(f"{args.name} is ready at {out}")
 
 
+def _run_search_heads(args: argparse.Namespace) -> None:
+    from elastic_attention.evaluation.pipeline import resolve_tasks
+    from elastic_attention.head_sets.search import format_search, run_search
+
+    tasks = resolve_tasks(_split(args.tasks), args.suite)
+    config = None
+    if args.config is not None:
+        from elastic_attention.training.train_config import TrainConfig
+
+        config = TrainConfig.from_yaml(args.config).elastic_config
+    _require_model_folder(args.model)
+    result = run_search(
+        args.model, tasks=tasks, length=args.length, out=args.out, config=config, msrs=args.msr, start=args.start,
+        step=args.step, search_samples=args.search_samples, search_seed=args.search_seed,
+        pack_tokens=args.pack_tokens, samples=args.samples, batch_size=args.batch_size, device=args.device,
+        dtype=args.dtype, echo=lambda text: print(text, file=sys.stderr, flush=True),
+    )
+    print(f"head sets of {', '.join(tasks)} at {args.length} tokens written to {args.out}:\n{format_search(result)}")
+
+
 #: command -> the function that carries it out.
 _RUNNERS = {
     "bench": _run_bench,
@@ -363,6 +435,7 @@ _RUNNERS = {
     "try": _run_try,
     "generate": _run_generate,
     "models": _run_models,
+    "search-heads": _run_search_heads,
     "lm-eval": lambda args: run_lm_eval(args.arguments),  # after an option of ours (`main` takes it otherwise)
 }
 
@@ -374,6 +447,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
     if args.command in ("demo", "eval-merge"):
         check_writable(args.out, f"the {args.command} results")
+    elif args.command == "search-heads":
+        check_writable(Path(args.out).parent, "the head-set file")
     elif args.command == "models" and args.action == "fetch" and args.name:
         check_writable(Path(args.out or f"artifacts/{args.name}").parent, "the model")
     elif args.command == "bench":

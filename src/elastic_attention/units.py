@@ -1,4 +1,4 @@
-"""Readers of the units a user types: token counts ('4k'), comma lists, positive integers and fractions.
+"""Readers of the units a user types: token counts ('4k'), comma lists, counts, fractions and MSRs.
 
 Argument types for argparse: each takes the text as typed and returns the value, or raises
 `argparse.ArgumentTypeError` with a one-line message that says what it expected (argparse turns it into a usage
@@ -61,6 +61,21 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An integer of at least 0.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 0, got {text!r}")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number in [0, 1] (an MSR, a share).
 
@@ -74,3 +89,18 @@ def fraction(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
     return value
+
+
+def msr_list(text: str) -> list[float]:
+    """A comma list of MSRs, each in (0, 1] ('0.5,0.6' -> [0.5, 0.6]), at least one.
+
+    Raises:
+        argparse.ArgumentTypeError: no number, or one that is not in (0, 1].
+    """
+    try:
+        msrs = [float(part) for part in comma_list(text)]
+    except ValueError:
+        msrs = []
+    if not msrs or any(not 0.0 < msr <= 1.0 for msr in msrs):
+        raise argparse.ArgumentTypeError(f"expected a comma list of numbers in (0, 1], e.g. 0.5,0.6, got {text!r}")
+    return msrs

@@ -39,7 +39,8 @@ CPU_MIN_HEAD_DIM = 32
 
 # Kernel options measured fastest per (GPU major version, head_dim, block size) for bf16 prefill; shapes not listed
 # take torch's defaults. Tiles must divide the block (torch's default tile is 128 for large head dims).
-# `studies/kernel_tuning/flex_kernel_sweep.py` measures candidates; the winners go here with the run that chose them.
+# `studies/kernel_tuning/flex_kernel_sweep.py` measures candidates; the winners go here, the run that chose them in
+# docs/how-it-works.md (Numbers behind the defaults).
 KERNEL_OPTIONS: dict[tuple[int, int, int], dict] = {
     # Compute capability 9 (Hopper), head_dim 128, block 128: less time than torch's default (BLOCK_N 64, 3 stages,
     # no TMA) over 32K and 128K at MSR 0.5. Forward only (``fwd_``): the backward kernel keeps torch's choice, which

@@ -1,4 +1,4 @@
-"""Head-set files: fixed choices of full-attention KV heads, as `scripts/head_set_search.py` writes them.
+"""Head-set files: fixed choices of full-attention KV heads, as `elastic-attention search-heads` writes them.
 
 A file holds ``{"sets": [{"msr_asked": float, "full_heads": [[bool]]}, ...]}`` (one entry per MSR kept; each
 ``full_heads`` is [routed layers][KV heads], True = full attention) and, from a greedy search, the path it took:
@@ -85,14 +85,14 @@ def read_head_sets(path: str | Path, *, option: str = "head set") -> HeadSets:
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"`{option}`: no file at {path} (give the --out file of scripts/head_set_search.py)")
+        raise ConfigError(f"`{option}`: no file at {path} (give the --out file of `elastic-attention search-heads`)")
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
         sets = {float(entry["msr_asked"]): torch.tensor(entry["full_heads"]) for entry in document["sets"]}
         steps = document.get("path") or [head for record in document.get("rounds", []) for head in record["moved"]]
         order = tuple((int(layer), int(head)) for layer, head in steps)
     except (ValueError, KeyError, TypeError) as error:
-        raise ConfigError(f"`{option}`: {path} is not a head_set_search result with a `sets` list "
+        raise ConfigError(f"`{option}`: {path} is not a head-set file (search-heads result) with a `sets` list "
                           f"({error!r})") from None
     shapes = {tuple(head_set.shape) for head_set in sets.values()}
     if not sets or any(head_set.dtype != torch.bool or head_set.ndim != 2 for head_set in sets.values()) \
