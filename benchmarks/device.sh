@@ -20,7 +20,7 @@
 #   OUT=$OUT bash benchmarks/device.sh eval ARGS             # elastic-attention eval ARGS --out $OUT/eval
 #   OUT=$OUT bash benchmarks/device.sh script NAME ARGS      # python3 scripts/NAME.py ARGS, or a study's
 #                                                            # studies/*/NAME.py (count_probe, profile_decode_graph,
-#                                                            # xa_estimate_timing, head_set_search, router_margins, ...)
+#                                                            # xa_estimate_timing, router_margins, ...)
 #   OUT=$OUT bash benchmarks/device.sh real-train            # routers for the real model: $CONFIG
 #                                                            # (default configs/qwen2.5_coder_code_slow_multipliers.yaml); RESUME=1
 #                                                            # continues $RUN from its latest checkpoint (a run
@@ -41,7 +41,7 @@
 #                                                            # LENGTHS[/MODES[/TASKS]] (default "8k,16k 32k"; side by
 #                                                            # side on the GPU), then waits like real-table-wait
 #                                                            # (a group with the heads mode takes HEAD_SET=FILE and
-#                                                            # HEAD_SET_MSR=M: the set of scripts/head_set_search.py;
+#                                                            # HEAD_SET_MSR=M: the set of `search-heads`;
 #                                                            # heads@M modes take the file's set at MSR M);
 #                                                            # ROUTER=none CONFIG=FILE: cells that need no router
 #                                                            # (full, sparse, static@M, heads@M), attached with the
@@ -59,7 +59,7 @@
 #
 #   OUT=$OUT bash benchmarks/device.sh frontier              # the model's static frontier, longer than a call: in
 #                                                            # the background the joint greedy head-set search over
-#                                                            # the sensitive tasks at 16K (scripts/head_set_search.py,
+#                                                            # the sensitive tasks at 16K (`search-heads`,
 #                                                            # path head by head, sets at $FRONTIER_MSRS, rounds of
 #                                                            # $SEARCH_STEP heads), then its sets (heads@MSR) on every
 #                                                            # task at 8K and 16K, then the retrieval-score static
@@ -358,7 +358,7 @@ case ${1:-} in
     setsid nohup bash -c "frontier_eval baseline $lengths full,sparse" > /dev/null 2>&1 < /dev/null &
     echo $! >> /tmp/frontier/pids
     PYTHONPATH=/tmp/frontier/src setsid nohup bash -c "
-      python3 /tmp/frontier/scripts/head_set_search.py --model $MODEL --config /tmp/frontier/$CONFIG \
+      python3 -m elastic_attention.cli search-heads --model $MODEL --config /tmp/frontier/$CONFIG \
         --suite ${SUITE:-code} --tasks ${SEARCH_TASKS:-sensitive} --length ${SEARCH_LENGTH:-16k} --msr $msrs \
         --step ${SEARCH_STEP:-6} --search-samples ${SEARCH_SAMPLES:-2} --samples 0 \
         --out /tmp/frontier/search.json > /tmp/frontier/search.log 2>&1 || exit 1

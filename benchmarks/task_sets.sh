@@ -3,7 +3,7 @@
 # task-sets` in the background; longer than a call). Does a head-set router with a sparser set of its own for some
 # sensitive tasks buy more average MSR at the same quality than one choosing among the joint search's sets?
 #
-#   1. for each TASK=MSR,MSR,... of $SET_MSRS, side by side: scripts/head_set_search.py on TASK alone at
+#   1. for each TASK=MSR,MSR,... of $SET_MSRS, side by side: `elastic-attention search-heads` on TASK alone at
 #      $SEARCH_LENGTH (16k), from $SEARCH_START (FILE@MSR, a point of the joint search), up to the largest MSR
 #      listed; then its points heads@MSR on TASK at $SHORT_LENGTH (8k) and $SEARCH_LENGTH ($SAMPLES rows, seed 0);
 #   2. studies/static_frontier_1.5b/task_set_config.py: each task's sparsest point keeping $SHARE of full attention (full attention's
@@ -50,7 +50,7 @@ for entry in $SET_MSRS; do  # TASK=MSR,MSR,...
   task=${entry%%=*} msrs=${entry#*=}
   modes=$(echo "$msrs" | tr , '\n' | sed 's/^/heads@/' | paste -sd,)
   (
-    python3 scripts/head_set_search.py --model "$MODEL" --config "$WINDOW_CONFIG" --tasks "$task" \
+    python3 -m elastic_attention.cli search-heads --model "$MODEL" --config "$WINDOW_CONFIG" --tasks "$task" \
       --length "$LONG" --start "$SEARCH_START" --msr "$msrs" --step "${SEARCH_STEP:-3}" \
       --search-samples "${SEARCH_SAMPLES:-3}" --samples 0 --out "$WORK/search_$task.json" > "$WORK/search_$task.log" 2>&1 \
       || { echo "the search on $task failed: see $WORK/search_$task.log"; exit 1; }

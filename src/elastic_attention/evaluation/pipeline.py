@@ -191,7 +191,7 @@ def check_head_set_modes(modes: Sequence[str], head_sets: HeadSets | None, head_
     if any(is_heads(mode) for mode in modes):
         if head_sets is None:
             raise InputError("the heads modes need a head set: --head-set FILE (the --out of "
-                             "scripts/head_set_search.py)")
+                             "`elastic-attention search-heads`)")
         for mode in modes:
             if is_heads(mode) and not (mode == "heads" and heads_at_elastic):
                 head_sets.at(_heads_msr(mode, head_set_msr), msr_option="--head-set-msr")

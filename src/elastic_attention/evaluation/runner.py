@@ -5,7 +5,7 @@ Modes:
 - ``elastic``: the trained routers decide per input;
 - ``static``: a fixed head set from the retrieval-score ranking at a chosen MSR (DuoAttention / PruLong family);
   ``static@0.7`` names a static hybrid at a fixed MSR, so several can run side by side;
-- ``heads``: a fixed head set given by the caller (for example one `scripts/head_set_search.py` found);
+- ``heads``: a fixed head set given by the caller (for example one `elastic-attention search-heads` found);
   ``heads@0.4`` names the point at MSR 0.4 of a searched path, so several can run side by side;
 - ``sparse``: every routed head on sparse attention.
 All modes run through the same attached model and backend, so they differ only in routing. Rows come from the suite
