@@ -46,6 +46,11 @@ class ElasticConfig:
         head_set_choices: ``None`` (the paper): one router per routed layer decides each KV head. C >= 2: one
             `HeadSetRouter`, in the first routed layer, chooses per prompt which of C head sets runs full attention
             (the sets travel with its weights).
+        floor_set: with a head-set router, the safety floor: the index of the sparsest set that a prompt the router
+            is unsure of may run (a searched set that keeps retrieval). ``None``: no floor.
+        floor_confidence: with ``floor_set``, a prompt whose chosen set is sparser than the floor set and was chosen
+            with a probability below this runs the most probable set that is no sparser than the floor set; in
+            [0, 1] (0: the floor never acts). Calibrated on validation rows (`router.floor.floor_threshold`).
     """
 
     configuration: str = "fa-ssa"
@@ -60,6 +65,8 @@ class ElasticConfig:
     router_standardize: bool = False
     routed_layers: tuple[int, ...] | None = None
     head_set_choices: int | None = None
+    floor_set: int | None = None
+    floor_confidence: float = 0.0
 
     def __post_init__(self) -> None:
         if self.configuration not in CONFIGURATIONS:
@@ -101,6 +108,22 @@ class ElasticConfig:
             object.__setattr__(self, "routed_layers", tuple(sorted(layers)))
         if self.head_set_choices is not None:
             _require_int("head_set_choices", self.head_set_choices, minimum=2)
+        self._check_floor()
+
+    def _check_floor(self) -> None:
+        if isinstance(self.floor_confidence, bool) or not isinstance(self.floor_confidence, (int, float)) \
+                or not 0.0 <= float(self.floor_confidence) <= 1.0:
+            raise ConfigError(f"`floor_confidence` must be a number in [0, 1], got {self.floor_confidence!r}")
+        if self.floor_set is None:
+            if self.floor_confidence:
+                raise ConfigError("`floor_confidence` needs `floor_set`, the set an unsure prompt falls back to")
+            return
+        if self.head_set_choices is None:
+            raise ConfigError("`floor_set` is the safety floor of a head-set router: set `head_set_choices` too")
+        _require_int("floor_set", self.floor_set, minimum=0)
+        if self.floor_set >= self.head_set_choices:
+            raise ConfigError(f"`floor_set` must index one of the {self.head_set_choices} head sets "
+                              f"(0 to {self.head_set_choices - 1}), got {self.floor_set}")
 
     @property
     def retrieval_mode(self) -> str:

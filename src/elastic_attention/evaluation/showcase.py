@@ -29,6 +29,14 @@ def routing_lines(decisions, layers: Sequence[int]) -> list[str]:
             for layer, row in zip(layers, decisions.tolist())]
 
 
+def report_lines(report, sequence: int = 0) -> list[str]:
+    """How a prefill routed ``sequence``: a head-set router's choice in one line (set, MSR, full heads, probability,
+    safety floor), else one line per routed layer (`routing_lines`)."""
+    if report.head_sets is not None:
+        return ["  " + report.head_sets.line(sequence)]
+    return routing_lines(report.decisions[sequence], report.layers)
+
+
 def interactive_dtype(device: str | None) -> str:
     """The default dtype of `try` and `generate`: bfloat16 on CUDA and on CPUs with bf16 instructions (AMX or
     AVX512-BF16, where it is several times faster), float32 on other CPUs (there bf16 is emulated: minutes a row)."""
@@ -110,7 +118,7 @@ def run_try_command(
             f"  score {result['accuracy'][0]:.2f}, MSR {result['msr'][0]:.2f}, ESR last "
             f"{result['esr_last'][0]:.2f}, ESR mean {result['esr_mean'][0]:.2f}",
             *([note] if note else []),
-            *routing_lines(result["decisions"][0], routing_report(model).layers),
+            *report_lines(routing_report(model)),
         )
         if compare:
             routed = timed_generation(model, tokenizer, prompts[index], new_tokens)
@@ -170,7 +178,7 @@ def run_generate_command(
     note = window_note(len(ids), runtime_of(model).config)
     if note:
         lines.append(note.strip())
-    lines += routing_lines(report.decisions[0], report.layers)
+    lines += report_lines(report)
     if plain is not None:
         lines += ["", *comparison_lines(plain, measured, str(input_ids.device))]
     return "\n".join(lines)

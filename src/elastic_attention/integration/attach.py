@@ -130,7 +130,8 @@ def attach(
         reference = getattr(modules[index], family.key_source).weight
         if config.head_set_choices:
             router = HeadSetRouter(head_dim, config.router_width, num_kv_heads, config.head_set_choices, len(routed),
-                                   standardize=config.router_standardize)
+                                   standardize=config.router_standardize, floor_set=config.floor_set,
+                                   floor_confidence=config.floor_confidence)
         else:
             router = AttentionRouter(head_dim, config.router_width,
                                      num_kv_heads if config.router_standardize else None)

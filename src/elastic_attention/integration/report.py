@@ -7,6 +7,46 @@ from dataclasses import dataclass
 import torch
 
 from elastic_attention.router import is_retrieval
+from elastic_attention.router.head_set_router import SetDecision
+
+
+@dataclass(frozen=True)
+class HeadSetReport:
+    """A head-set router's choice for each sequence of a prefill.
+
+    Attributes:
+        decision: the `SetDecision` (chosen set, probabilities, most probable set) of each sequence.
+        set_msrs: [C] each set's MSR.
+        full_heads: [C] each set's number of full-attention (routed layer, KV head) pairs.
+        total_heads: the number of (routed layer, KV head) pairs.
+        floor_set: the safety floor's set, or None.
+        floor_confidence: the probability under which the floor acts.
+    """
+
+    decision: SetDecision
+    set_msrs: torch.Tensor
+    full_heads: torch.Tensor
+    total_heads: int
+    floor_set: int | None
+    floor_confidence: float
+
+    def line(self, sequence: int = 0) -> str:
+        """One line saying which set ``sequence`` runs, its MSR and full heads, the probability it was chosen with,
+        and the safety floor's part in it."""
+        decision = self.decision
+        choice, preferred = int(decision.choice[sequence]), int(decision.preferred[sequence])
+        probabilities = decision.probabilities[sequence]
+        text = (f"head set {choice} of {len(self.set_msrs)}: MSR {float(self.set_msrs[choice]):.2f}, "
+                f"{int(self.full_heads[choice])} of {self.total_heads} KV heads full")
+        if choice != preferred:
+            return (f"{text}; the safety floor moved it from set {preferred} (MSR "
+                    f"{float(self.set_msrs[preferred]):.2f}, probability {float(probabilities[preferred]):.2f} < "
+                    f"{self.floor_confidence:.2f})")
+        text += f", probability {float(probabilities[choice]):.2f}"
+        if self.floor_set is not None and self.floor_confidence > 0:
+            text += (f" (safety floor: set {self.floor_set}, MSR {float(self.set_msrs[self.floor_set]):.2f}, below "
+                     f"{self.floor_confidence:.2f})")
+        return text
 
 
 @dataclass(frozen=True)
@@ -24,6 +64,7 @@ class RoutingReport:
             through ``z`` in training.
         esr_per_layer: [N, L] effective sparsity per layer: mean over query heads of 1 - attended causal
             (query, key) pairs / all causal pairs (0 for full-attention heads).
+        head_sets: with a head-set router in eval mode (routing not forced), its choice per sequence; else None.
     """
 
     layers: tuple[int, ...]
@@ -31,6 +72,7 @@ class RoutingReport:
     z: torch.Tensor
     msr: torch.Tensor
     esr_per_layer: torch.Tensor
+    head_sets: HeadSetReport | None = None
 
     @property
     def decisions(self) -> torch.Tensor:

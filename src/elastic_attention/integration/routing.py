@@ -17,9 +17,10 @@ import torch
 
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import InputError
-from elastic_attention.integration.report import RoutingReport
+from elastic_attention.integration.report import HeadSetReport, RoutingReport
 from elastic_attention.patterns import SequenceLayout
 from elastic_attention.router import AttentionRouter, boundary_pool, is_retrieval
+from elastic_attention.router.head_set_router import SetDecision
 
 
 class ModelRouting:
@@ -36,6 +37,8 @@ class ModelRouting:
         decisions: layer index -> [N, Hkv] float32 decisions of the last prefill (1.0 = retrieval; carries the
             straight-through gradient in training).
         choice: with a `HeadSetRouter`, [N, C] the last prefill's one-hot choice of head set (None otherwise).
+        set_decision: with a `HeadSetRouter` in eval mode, the last prefill's `SetDecision` (its probabilities and
+            where the safety floor acted; None otherwise).
         forced_set: with a `HeadSetRouter`, None (it chooses), or the index of the set every prompt runs.
         set_router_input: with ``forced_set``, [N, Hkv, D] what the router read for the last prefill's prompts (the
             first routed layer's pooled keys, which no set changes; None otherwise).
@@ -50,6 +53,7 @@ class ModelRouting:
         self.forced: torch.Tensor | None = None
         self.decisions: dict[int, torch.Tensor] = {}
         self.choice: torch.Tensor | None = None
+        self.set_decision: SetDecision | None = None
         self.forced_set: int | None = None
         self.set_router_input: torch.Tensor | None = None
         self._prompt_lengths: list[int] | None = None
@@ -62,6 +66,7 @@ class ModelRouting:
         all of them) and draw this forward's noise from ``noise_seed`` (None: torch's global generator)."""
         self.decisions = {}
         self.choice = None
+        self.set_decision = None
         self.set_router_input = None
         self._noise_seeds = {}
         self._prompt_lengths, self._noise_seed, self._noise_source = prompt_lengths, noise_seed, None
@@ -95,8 +100,11 @@ class ModelRouting:
         elif self.config.head_set_choices:
             router = self.routers[self.routed_layers[0]]
             if layer_index == self.routed_layers[0]:
-                self.choice = (self._ask(router, layer_index, keys, layout) if self.forced_set is None
-                               else self._score_forced_set(router, keys, layout))
+                if self.forced_set is not None:
+                    self.choice = self._score_forced_set(router, keys, layout)
+                else:
+                    self.choice = self._ask(router, layer_index, keys, layout)
+                    self.set_decision = None if router.training else router.last_decision
             elif self.choice is None:
                 raise InputError(f"layer {layer_index} routes before the first routed layer chose a head set")
             z = router.decisions(self.choice, self.routed_layers.index(layer_index))
@@ -141,13 +149,24 @@ class ModelRouting:
         self.decisions = {layer: z.index_select(0, index.to(z.device)) for layer, z in self.decisions.items()}
         if self.choice is not None:
             self.choice = self.choice.index_select(0, index.to(self.choice.device))
+        if self.set_decision is not None:
+            decision = self.set_decision
+            self.set_decision = SetDecision(*(part.index_select(0, index.to(part.device)) for part in
+                                              (decision.choice, decision.probabilities, decision.preferred)))
 
     def report(self, layout: SequenceLayout, sparsity: dict[int, torch.Tensor]) -> RoutingReport:
         """The `RoutingReport` of the last prefill, given each routed layer's ESR per sequence ([N] each)."""
         z = torch.stack([self.decisions[index] for index in self.routed_layers], dim=1)
         esr = torch.stack([sparsity[index] for index in self.routed_layers], dim=1)
+        head_sets = None
+        if self.set_decision is not None and self.forced is None:
+            router = self.routers[self.routed_layers[0]]
+            head_sets = HeadSetReport(decision=self.set_decision, set_msrs=router.set_msrs().float().cpu(),
+                                      full_heads=router.head_sets.sum(dim=(1, 2)).long().cpu(),
+                                      total_heads=router.head_sets[0].numel(),
+                                      floor_set=router.floor_set, floor_confidence=router.floor_confidence)
         return RoutingReport(layers=self.routed_layers, rows=layout.row.clone(), z=z, msr=1.0 - z.mean(dim=(1, 2)),
-                             esr_per_layer=esr)
+                             esr_per_layer=esr, head_sets=head_sets)
 
     def _noise_generator(self, layer_index: int, device: torch.device) -> torch.Generator:
         """The Gumbel-noise generator of a layer: its seed drawn once per forward, from the forward's noise seed

@@ -5,12 +5,13 @@ layer, among C head sets ([C, routed layers, Hkv], True = full attention) that c
 greedy search's path (`head_sets.HeadSets`), nested, from "the searched set" to "every head sparse". A prompt that
 needs the searched heads keeps them all, in the order the search ranked them; one that needs none drops them all.
 What it cannot do is drop a head the search ranked above one it keeps, which a per-head router trained on few steps
-does (benchmarks/results/real_model_1.5b_table_2026-12-04.md).
+does.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -18,9 +19,33 @@ from elastic_attention.router.router import AttentionRouter
 from elastic_attention.router.sampling import gumbel_noise, straight_through_one_hot
 
 
+@dataclass(frozen=True)
+class SetDecision:
+    """What a `HeadSetRouter` decided for each of N prompts at inference.
+
+    Attributes:
+        choice: [N] int64, the set each prompt runs.
+        probabilities: [N, C] float32, the router's probabilities over the sets.
+        preferred: [N] int64, the most probable set (``choice`` unless the safety floor acted).
+    """
+
+    choice: torch.Tensor
+    probabilities: torch.Tensor
+    preferred: torch.Tensor
+
+    @property
+    def floor_acted(self) -> torch.Tensor:
+        """[N] bool: the safety floor replaced the most probable set."""
+        return self.choice != self.preferred
+
+
 class HeadSetRouter(AttentionRouter):
     """The network of `AttentionRouter` with one logit per head set: the pooled keys of each KV head of the first
     routed layer give C logits, averaged over the heads into the prompt's logits.
+
+    A safety floor (``floor_set``, ``floor_confidence``) keeps a prompt the router is unsure of off the sets sparser
+    than the floor set: when the most probable set is sparser than the floor set and its probability is below
+    ``floor_confidence``, the prompt runs the most probable set among those no sparser than the floor set.
 
     Args:
         head_dim: D.
@@ -29,6 +54,8 @@ class HeadSetRouter(AttentionRouter):
         choices: C, the head sets to choose among (at least 2).
         routed_layers: R, the layers the sets cover.
         standardize: centre and scale the pooled keys per KV head (as ``router_standardize``).
+        floor_set: index of the safety floor's set, or None (no floor).
+        floor_confidence: the probability under which the floor acts, in [0, 1].
 
     Buffers:
         head_sets: [C, R, Hkv] float32, 1.0 where a set runs full attention (`set_head_sets`); saved with the
@@ -36,11 +63,16 @@ class HeadSetRouter(AttentionRouter):
     """
 
     def __init__(self, head_dim: int, width: int, num_kv_heads: int, choices: int, routed_layers: int,
-                 standardize: bool = False) -> None:
+                 standardize: bool = False, floor_set: int | None = None, floor_confidence: float = 0.0) -> None:
         if choices < 2:
             raise ValueError(f"a head-set router chooses among at least 2 sets, got {choices}")
+        if floor_set is not None and not 0 <= floor_set < choices:
+            raise ValueError(f"floor_set must index one of the {choices} sets, got {floor_set}")
         super().__init__(head_dim, width, num_kv_heads if standardize else None, classes=choices)
         self.choices = choices
+        self.floor_set = floor_set
+        self.floor_confidence = float(floor_confidence)
+        self.last_decision: SetDecision | None = None
         self.register_buffer("head_sets", torch.zeros(choices, routed_layers, num_kv_heads))
 
     @torch.no_grad()
@@ -78,7 +110,8 @@ class HeadSetRouter(AttentionRouter):
         """The chosen set per prompt.
 
         In training mode: a hard Gumbel-softmax choice with a straight-through gradient at ``self.temperature``; in
-        eval mode: the argmax, no noise.
+        eval mode: `decide`'s choice (the argmax, no noise, under the safety floor), its `SetDecision` kept in
+        ``last_decision``.
 
         Args:
             pooled_keys: [N, Hkv, D] the first routed layer's pooled keys.
@@ -87,11 +120,27 @@ class HeadSetRouter(AttentionRouter):
         Returns:
             [N, C] float32 one-hot choices (differentiable through the straight-through estimator in training).
         """
-        logits = self.choice_logits(pooled_keys)
         if not self.training:
-            return torch.nn.functional.one_hot(logits.argmax(dim=-1), self.choices).float()
+            self.last_decision = self.decide(pooled_keys)
+            return torch.nn.functional.one_hot(self.last_decision.choice, self.choices).float()
+        logits = self.choice_logits(pooled_keys)
         noise = gumbel_noise(logits.shape, device=logits.device, generator=generator)
         return straight_through_one_hot(logits, self.temperature, noise)
+
+    @torch.no_grad()
+    def decide(self, pooled_keys: torch.Tensor) -> SetDecision:
+        """The inference decision for prompts with pooled keys [N, Hkv, D]: the most probable set, or, where the
+        safety floor acts, the most probable set no sparser than the floor set."""
+        probabilities = torch.softmax(self.choice_logits(pooled_keys).float(), dim=-1)
+        preferred = probabilities.argmax(dim=-1)
+        choice = preferred
+        if self.floor_set is not None and self.floor_confidence > 0:
+            msrs = self.set_msrs().to(probabilities.device)
+            allowed = msrs <= msrs[self.floor_set] + 1e-9  # [C] sets no sparser than the floor set
+            unsure = probabilities.gather(1, preferred[:, None])[:, 0] < self.floor_confidence
+            fallback = probabilities.masked_fill(~allowed, -1.0).argmax(dim=-1)
+            choice = torch.where(unsure & ~allowed[preferred], fallback, preferred)
+        return SetDecision(choice=choice, probabilities=probabilities, preferred=preferred)
 
     def set_msrs(self) -> torch.Tensor:
         """[C] float64: each set's MSR, the share of its (routed layer, KV head) entries on sparse attention."""
