@@ -24,7 +24,8 @@ from elastic_attention.io import atomic_write_text
 
 #: `ElasticConfig` fields only a router reads: cells of other modes (full, sparse, static@MSR, heads@MSR) do not
 #: depend on them, so they must agree only among the files with elastic cells.
-_ROUTER_FIELDS = ("pool_first", "pool_last", "router_width", "router_standardize", "head_set_choices")
+_ROUTER_FIELDS = ("pool_first", "pool_last", "router_width", "router_standardize", "head_set_choices", "floor_set",
+                  "floor_confidence")
 
 #: The fields every row needs (`CellResult`'s fields without a default).
 _REQUIRED = tuple(field.name for field in dataclasses.fields(CellResult)
