@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: The task suites `eval`, `rows` and `try` take (`elastic_attention.evaluation.suites`).
-EVAL_SUITES = ["synthetic", "code", "ruler"]
+EVAL_SUITES = ["synthetic", "code", "broad", "ruler"]
 #: The suites `search-heads` draws its rows from (never a held-out test's) and their tasks as `evaluation.suites`
 #: lists them, written out so that `--help` imports no torch (tests/test_head_set_search.py checks they agree).
 SEARCH_TASKS = {
@@ -91,8 +91,9 @@ def _add_eval(commands) -> None:
                           help="comma list of full, elastic, static, static@MSR (e.g. static@0.7), sparse, heads "
                                "and heads@MSR (the fixed sets of --head-set)")
     evaluate.add_argument("--suite", default="synthetic", choices=EVAL_SUITES,
-                          help="synthetic (word-level, for the backbones trained here), code (real Python source) "
-                               "or ruler (RULER's offline tasks through lm-eval's generators; a held-out test)")
+                          help="synthetic (word-level, for the backbones trained here), code (real Python source), "
+                               "broad (the routers' long-context training families) or ruler (RULER's offline tasks "
+                               "through lm-eval's generators; a held-out test)")
     evaluate.add_argument("--tasks", default="all", help="comma list of task names, or all / sensitive / robust")
     evaluate.add_argument("--lengths", type=length_list, default="2k,4k",
                           help="comma list of prompt lengths, e.g. 2k,4k,8k or 3000")
