@@ -1,7 +1,9 @@
 """Rendering one question-answer turn with a tokenizer's chat template, as token ids.
 
-Training (answer-only labels) and the code suite's evaluation render rows the same way: the user turn with the
-generation prompt, then the assistant's answer as the template writes it (its end-of-turn tokens included).
+Training (answer-only labels) and the suites' evaluation render rows the same way: an optional system turn, the user
+turn with the generation prompt, then the assistant's answer as the template writes it (its end-of-turn tokens
+included). With no system text no system message is passed, so a template that writes a default system turn of its
+own (Qwen2.5's) still does.
 """
 
 from __future__ import annotations
@@ -9,44 +11,81 @@ from __future__ import annotations
 from elastic_attention.errors import InputError
 
 
-def render_prompt(tokenizer, prompt: str) -> str:
-    """``prompt`` as a user turn plus the generation prompt, as text.
+def _messages(prompt: str, system: str, answer: str | None = None) -> list[dict[str, str]]:
+    """The conversation: the system turn (when ``system``), the user turn, the assistant turn (when ``answer`` is
+    not None)."""
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": prompt})
+    if answer is not None:
+        messages.append({"role": "assistant", "content": answer})
+    return messages
 
-    Raises:
-        InputError: the tokenizer has no chat template.
-    """
+
+def _apply(tokenizer, messages: list[dict[str, str]], *, add_generation_prompt: bool,
+           continue_final_message: bool = False) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise InputError("the tokenizer has no chat template; set tokenizer.chat_template to render rows")
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+    options = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    if continue_final_message:  # an assistant turn left open, for the answer to continue it
+        options["continue_final_message"] = True
+    if messages[0]["role"] != "system":
+        return tokenizer.apply_chat_template(messages, **options)
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, **options)
+    except TemplateError as error:
+        raise InputError(f"the chat template refuses a system turn ({error}); use rows without a system prompt "
+                         "(the broad suite: generate with system=False)") from None
 
 
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
+def render_prompt(tokenizer, prompt: str, system: str = "", *, assistant_prefix: str = "") -> str:
+    """``prompt`` as a user turn (after a system turn when ``system`` is not empty) plus the generation prompt, as
+    text; with ``assistant_prefix``, the assistant turn begun with that text instead of the bare generation prompt
+    (the template's ``continue_final_message``, as lm-eval renders a task's ``gen_prefix``).
+
+    Raises:
+        InputError: the tokenizer has no chat template, or its template refuses a system turn.
+    """
+    if assistant_prefix:
+        return _apply(tokenizer, _messages(prompt, system, assistant_prefix), add_generation_prompt=False,
+                      continue_final_message=True)
+    return _apply(tokenizer, _messages(prompt, system), add_generation_prompt=True)
+
+
+def encode_prompt(tokenizer, prompt: str, system: str = "", *, assistant_prefix: str = "") -> list[int]:
     """Token ids of `render_prompt` (what generation starts from).
 
     Raises:
-        InputError: the tokenizer has no chat template.
+        InputError: the tokenizer has no chat template, or its template refuses a system turn.
     """
-    return tokenizer.encode(render_prompt(tokenizer, prompt), add_special_tokens=False)
+    return tokenizer.encode(render_prompt(tokenizer, prompt, system, assistant_prefix=assistant_prefix),
+                            add_special_tokens=False)
 
 
-def encode_chat(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
+def encode_chat(tokenizer, prompt: str, answer: str, system: str = "", *,
+                assistant_prefix: str = "") -> tuple[list[int], list[int]]:
     """Token ids of ``prompt`` as a user turn plus the generation prompt, and of the answer turn that follows.
 
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
         prompt: the user message.
         answer: the assistant message.
+        system: the system message; empty for none.
+        assistant_prefix: text the assistant turn starts with, part of the prompt; the answer follows it after a
+            space.
 
     Returns:
         ``(prompt_ids, answer_ids)``; ``prompt_ids + answer_ids`` is the whole conversation rendered by the template.
 
     Raises:
-        InputError: the tokenizer has no chat template, or the rendered answer turn does not extend the prompt.
+        InputError: the tokenizer has no chat template, its template refuses a system turn, or the rendered answer
+            turn does not extend the prompt.
     """
-    prompt_ids = encode_prompt(tokenizer, prompt)
-    conversation = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
-    full_ids = tokenizer.encode(tokenizer.apply_chat_template(conversation, tokenize=False), add_special_tokens=False)
+    prompt_ids = encode_prompt(tokenizer, prompt, system, assistant_prefix=assistant_prefix)
+    reply = f"{assistant_prefix} {answer}" if assistant_prefix else answer
+    conversation = _apply(tokenizer, _messages(prompt, system, reply), add_generation_prompt=False)
+    full_ids = tokenizer.encode(conversation, add_special_tokens=False)
     if full_ids[: len(prompt_ids)] != prompt_ids or len(full_ids) == len(prompt_ids):
         raise InputError(
             "the chat template's answer turn does not extend the prompt with a generation prompt; "

@@ -1,8 +1,8 @@
 """The one row type of training and evaluation, and its one encoding through a tokenizer's chat template.
 
-A :class:`Row` is a prompt (instruction, long context, question) with its answer and task; suites attach
-``metadata`` (length, evidence spans, depths). :func:`encode_row` renders it once for every use: the routers'
-training, evaluation, head ranking and the lm-eval export all see the same token ids.
+A :class:`Row` is a prompt (instruction, long context, question; optionally a system text) with its answer and
+task; suites attach ``metadata`` (length, evidence spans, depths). :func:`encode_row` renders it once for every
+use: the routers' training, evaluation, head ranking and the lm-eval export all see the same token ids.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ class Row:
             from a file.
         source: where a row read from a file comes from (``"rows.jsonl, line 3"``), for error messages; not part
             of a row's equality.
+        system: the system turn rendered before the user prompt (empty: none, the template's own default if it
+            writes one); not part of :attr:`prompt`.
+        assistant_prefix: text that starts the assistant's turn, which the answer continues (RULER's
+            ``gen_prefix``, "The special magic number for ... is"); part of the rendered prompt; empty for most rows.
     """
 
     context: str
@@ -38,6 +42,8 @@ class Row:
     instruction: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     source: str = field(default="", compare=False)
+    system: str = ""
+    assistant_prefix: str = ""
 
     @property
     def prompt(self) -> str:
@@ -59,13 +65,16 @@ class EncodedRow:
 
 
 def encode_row(tokenizer, row: Row) -> EncodedRow:
-    """Render a row with the tokenizer's chat template: the prompt with the generation prompt, then the answer turn.
+    """Render a row with the tokenizer's chat template: its system turn (if any), the prompt with the generation
+    prompt, then the answer turn.
 
     Raises:
-        InputError: the tokenizer has no chat template, or the rendered answer turn does not extend the prompt.
+        InputError: the tokenizer has no chat template, it refuses the row's system turn, or the rendered answer turn
+            does not extend the prompt.
     """
     try:
-        prompt_ids, answer_ids = encode_chat(tokenizer, row.prompt, row.answer)
+        prompt_ids, answer_ids = encode_chat(tokenizer, row.prompt, row.answer, row.system,
+                                             assistant_prefix=row.assistant_prefix)
     except InputError as error:
         if not row.source:
             raise

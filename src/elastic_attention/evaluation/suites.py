@@ -5,6 +5,8 @@ the same way, by `elastic_attention.rows.encode_row`).
   on its tokenizer (exact lengths, exact-match scoring).
 - ``code``: the real-text suite of :mod:`elastic_attention.evaluation.code_suite`, for real pretrained models
   (Python standard-library source, the model's own tokenizer and chat template).
+- ``broad``: the training suite of :mod:`elastic_attention.evaluation.broad_suite`: seventeen families over four kinds
+  of haystack, many wordings and layouts, for routers that must meet unseen prompts (its kinds are expectations).
 - ``ruler``: RULER's offline tasks, made and scored by lm-evaluation-harness's rules
   (:mod:`elastic_attention.evaluation.ruler`): a held-out test, never a training source.
 
@@ -17,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from elastic_attention.errors import InputError
-from elastic_attention.evaluation import code_suite, ruler, synthetic
+from elastic_attention.evaluation import broad_suite, code_suite, ruler, synthetic
 from elastic_attention.evaluation.scoring import Score
 from elastic_attention.rows import Row
 from elastic_attention.evaluation.synthetic.tokenizer import decode_answer
@@ -28,7 +30,7 @@ class Suite:
     """One task suite.
 
     Attributes:
-        name: ``synthetic`` or ``code``.
+        name: ``synthetic``, ``code``, ``broad`` or ``ruler``.
         sensitive: its sparsity-sensitive tasks.
         robust: its sparsity-robust tasks.
         generate: ``(task, length, seed, n, tokenizer) -> rows``.
@@ -102,6 +104,15 @@ SUITES: dict[str, Suite] = {
         decode=code_suite.decode,
         score=code_suite.score,
         ranking_tasks=("passkey", "multikey"),
+    ),
+    "broad": Suite(
+        name="broad",
+        sensitive=broad_suite.SENSITIVE_TASKS,
+        robust=broad_suite.ROBUST_TASKS,
+        generate=broad_suite.generate,
+        decode=broad_suite.decode,
+        score=broad_suite.score,
+        ranking_tasks=("fact_single", "fact_multikey"),
     ),
     "ruler": Suite(
         name="ruler",

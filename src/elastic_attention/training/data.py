@@ -116,7 +116,8 @@ def _make_pack(rows: list[EncodedRow], answer_only: bool) -> Pack:
 
 
 def load_rows(path: str | Path) -> list[Row]:
-    """Rows from a local JSONL or parquet file (columns context, question, answer, task, optional instruction).
+    """Rows from a local JSONL or parquet file (columns context, question, answer, task; optional instruction and
+    system, the system turn).
 
     Rows in the authors' layout (context, question, answer, metadata: a dict, or that dict written as a Python
     literal, with ``task`` and ``is_prefix``) are read as their training reads them (`_reference_row`). JSONL is read
@@ -155,11 +156,14 @@ def load_rows(path: str | Path) -> list[Row]:
                                  "answer, task)")
             if not isinstance(record[key], str):
                 raise InputError(f"{path}, {where} {number}: `{key}` must be a string, got {record[key]!r}")
-        instruction = record.get("instruction")
-        if instruction is not None and not isinstance(instruction, str):
-            raise InputError(f"{path}, {where} {number}: `instruction` must be a string, got {instruction!r}")
-        rows.append(Row(record["context"], record["question"], record["answer"], record["task"], instruction or "",
-                        source=source))
+        optional = {}
+        for key in ("instruction", "system"):
+            value = record.get(key)
+            if value is not None and not isinstance(value, str):
+                raise InputError(f"{path}, {where} {number}: `{key}` must be a string, got {value!r}")
+            optional[key] = value or ""
+        rows.append(Row(record["context"], record["question"], record["answer"], record["task"],
+                        optional["instruction"], source=source, system=optional["system"]))
     if not rows:
         raise InputError(f"{path} holds no rows")
     return rows

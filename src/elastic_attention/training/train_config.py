@@ -41,7 +41,7 @@ LR_SCHEDULES = ("cosine", "constant")
 
 #: ``data.source`` values that generate rows from a task suite: source -> suite name
 #: (see `elastic_attention.evaluation.suites`); any other source is a local row file.
-SUITE_SOURCES = {"suite": "synthetic", "synthetic": "synthetic", "code": "code"}
+SUITE_SOURCES = {"suite": "synthetic", "synthetic": "synthetic", "code": "code", "broad": "broad"}
 
 
 def check_task_names(sections: dict[str, dict], known, where: str) -> None:
