@@ -69,7 +69,7 @@ def _span_positions(tokenizer, row: Row, prompt_ids: list[int]) -> list[int]:
     spans = row.metadata["evidence_spans"]
     if not spans:
         raise InputError(f"row of task {row.task!r} has no evidence spans; rank heads on needle tasks")
-    text = render_prompt(tokenizer, row.prompt)
+    text = render_prompt(tokenizer, row.prompt, row.system, assistant_prefix=row.assistant_prefix)
     base = text.index(row.prompt)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     if encoded["input_ids"] != prompt_ids:
