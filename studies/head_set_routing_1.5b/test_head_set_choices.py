@@ -3,6 +3,7 @@ smallest a scan of prices finds, and the adapter it writes routes as the priced 
 
 import json
 
+import pytest
 import torch
 
 import head_set_choices
@@ -26,6 +27,7 @@ def test_the_fitted_price_is_the_smallest_that_sends_every_sensitive_row_to_the_
     assert script.fit_price(torch.tensor([[5.0, 9.0, 0.0, 1.0]], dtype=torch.float64), msrs, 0.0) == 0.0
 
 
+@pytest.mark.slow  # a study's script end to end on a model: make test-slow and CI run it
 def test_choices_match_the_models_routing_and_the_written_adapter_routes_as_priced(tmp_path):
     import elastic_attention as ea
     from elastic_attention.assets import TINY_BACKBONE
@@ -120,8 +122,6 @@ def test_kept_router_inputs_give_the_logits_the_prompts_give(tmp_path, monkeypat
     import elastic_attention as ea
     from elastic_attention.assets import TINY_BACKBONE
     from elastic_attention.evaluation.pipeline import load_backbone
-
-    import pytest
 
     model, _ = load_backbone(TINY_BACKBONE, "cpu")
     ea.attach(model, ea.ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8, head_set_choices=2))

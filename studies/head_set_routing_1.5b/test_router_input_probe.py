@@ -51,6 +51,7 @@ def test_a_held_out_task_on_the_trained_side_of_the_separation_is_assigned_its_k
         "a": 0.5, "b": 1.0, "c": None, "d": None}
 
 
+@pytest.mark.slow  # a study's script end to end on a model: make test-slow and CI run it
 def test_the_probe_reads_the_pooled_keys_the_router_reads(random_suite_backbone, tmp_path):
     import elastic_attention as ea
     from elastic_attention.evaluation.pipeline import load_backbone

@@ -11,6 +11,7 @@ import row_outcomes
 import task_label_router
 
 
+@pytest.mark.slow  # a study's script end to end on a model: make test-slow and CI run it
 def test_rows_are_sorted_by_the_feature_that_tells_their_tasks_apart(tmp_path, capsys):
     """Oracle: inputs whose first coordinate of head 0 is +6 for task a and -6 for task b, the rest noise. Unseen
     rows on each side go to that side's set; a row of a third task placed on a's side goes to a's set."""

@@ -14,6 +14,7 @@ import router_margins
 TINY = Path(__file__).resolve().parents[2] / "src" / "elastic_attention" / "assets" / "backbone_tiny"
 
 
+@pytest.mark.slow  # a study's script end to end on a model: make test-slow and CI run it
 @pytest.mark.parametrize("pinned", [False, True], ids=["routed", "first_head_pinned"])
 def test_margins_agree_with_the_evaluations_routing(tmp_path, pinned):
     from elastic_attention import ElasticConfig, attach
