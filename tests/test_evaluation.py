@@ -350,7 +350,7 @@ def test_generate_compare_sets_the_plain_model_beside_the_routed_one(tmp_path, c
                      prompt, "--max-new-tokens", "4", "--device", "cpu", "--dtype", "float32", "--raw",
                      "--compare"]) == 0
     printed = capsys.readouterr().out
-    assert "plain model" in printed and "elastic / plain" in printed and "one run each" in printed
+    assert "plain model" in printed and "elastic vs plain" in printed and "one run each" in printed
     plain_model, _ = load_backbone(TINY_BACKBONE, "cpu")
     ids = torch.tensor([tokenizer.encode(prompt)])
     plain = showcase.timed_generation(plain_model, tokenizer, ids, 4)
@@ -366,6 +366,22 @@ def test_generate_compare_sets_the_plain_model_beside_the_routed_one(tmp_path, c
     assert "--compare sets the routed model beside the plain one: pass --router" in capsys.readouterr().err
 
 
+def test_compare_says_faster_or_slower_per_column_with_one_kind_of_ratio():
+    """Made-up timings: the routed prefill takes 1.16x the plain one's time (slower), its decode runs 1.25x the plain
+    one's tokens a second (faster), its cache holds half the bytes (smaller); each column's ratio is the larger cost
+    over the smaller."""
+    from elastic_attention.evaluation.showcase import comparison_lines
+
+    tokens = torch.tensor([[1, 2, 3]])
+    plain = {"ttft_s": 1.0, "decode_tokens_per_s": 40.0, "kv_cache_bytes": 2 * 2**20, "tokens": tokens}
+    routed = {"ttft_s": 1.16, "decode_tokens_per_s": 50.0, "kv_cache_bytes": 2**20, "tokens": tokens}
+    last = comparison_lines(plain, routed, "cpu")[-1]
+    assert last.startswith("elastic vs plain")
+    assert last.split()[3:] == ["1.16x", "slower", "1.25x", "faster", "2.00x", "smaller"]
+    assert comparison_lines(routed, plain, "cpu")[-1].split()[3:] == ["1.16x", "faster", "1.25x", "slower", "2.00x",
+                                                                     "larger"]
+
+
 def test_try_compare_times_each_prompt_on_the_plain_and_the_routed_model(tmp_path, capsys):
     import elastic_attention as ea
 
@@ -377,4 +393,4 @@ def test_try_compare_times_each_prompt_on_the_plain_and_the_routed_model(tmp_pat
                      "needle_single", "--suite", "synthetic", "--length", "500", "--samples", "2", "--device", "cpu",
                      "--dtype", "float32", "--compare"]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("  elastic / plain") == 2 and printed.count("  plain model") == 2
+    assert printed.count("  elastic vs plain") == 2 and printed.count("  plain model") == 2

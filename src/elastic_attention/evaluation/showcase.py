@@ -191,7 +191,9 @@ def timed_generation(model, tokenizer, input_ids: torch.Tensor, new_tokens: int)
 
 
 def comparison_lines(plain: dict, elastic: dict, device: str) -> list[str]:
-    """The side-by-side table of `timed_generation` results: the plain model, the routed one and their ratios."""
+    """The side-by-side table of `timed_generation` results: the plain model, the routed one, and per column how the
+    routed one compares. Every column's ratio is taken the same way, the larger cost over the smaller (prefill:
+    seconds; decode: seconds per token, the inverse of tok/s; KV cache: bytes), and a word says which way it goes."""
     def row(name: str, result: dict) -> str:
         return (f"{name:<16} {result['ttft_s']:>9.3f} s {result['decode_tokens_per_s']:>10.1f} tok/s "
                 f"{result['kv_cache_bytes'] / 2**20:>10.2f} MiB")
@@ -203,7 +205,25 @@ def comparison_lines(plain: dict, elastic: dict, device: str) -> list[str]:
         f"{'':<16} {'prefill':>11} {'decode':>16} {'KV cache':>14}",
         row("plain model", plain),
         row("elastic", elastic),
-        f"{'elastic / plain':<16} {elastic['ttft_s'] / plain['ttft_s']:>10.2f}x "
-        f"{elastic['decode_tokens_per_s'] / plain['decode_tokens_per_s']:>15.2f}x "
-        f"{elastic['kv_cache_bytes'] / plain['kv_cache_bytes']:>13.2f}x",
+        f"{'elastic vs plain':<16} "
+        f"{relative(plain['ttft_s'], elastic['ttft_s'], 'faster', 'slower'):>11} "
+        f"{relative(per_token(plain), per_token(elastic), 'faster', 'slower'):>16} "
+        f"{relative(plain['kv_cache_bytes'], elastic['kv_cache_bytes'], 'smaller', 'larger'):>14}",
     ]
+
+
+def per_token(result: dict) -> float:
+    """Seconds per decoded token of a `timed_generation` result (nan when it decoded none after the first)."""
+    rate = result["decode_tokens_per_s"]
+    return 1 / rate if rate and rate == rate else float("nan")
+
+
+def relative(plain_cost: float, elastic_cost: float, less: str, more: str) -> str:
+    """``elastic_cost`` beside ``plain_cost`` (both costs: lower is better) as "1.16x slower" or "1.20x faster": the
+    larger over the smaller, with ``less`` when the routed model costs less and ``more`` when it costs more."""
+    if not (plain_cost > 0 and elastic_cost > 0):  # nan or 0: no ratio to give
+        return "n/a"
+    if plain_cost == elastic_cost:
+        return "the same"
+    ratio = max(plain_cost, elastic_cost) / min(plain_cost, elastic_cost)
+    return f"{ratio:.2f}x {less if elastic_cost < plain_cost else more}"
