@@ -61,3 +61,17 @@ def test_committed_adapter_loads_and_routes_each_sample(adapter):
 def test_committed_adapter_refuses_another_shape(adapter):
     with pytest.raises(AdapterMismatchError, match="num_hidden_layers"):
         load_router(qwen_coder_shape(SHAPES[adapter], num_hidden_layers=12), adapter, backend="reference")
+
+
+def test_a_shipped_router_loads_by_name_and_an_unknown_name_lists_the_shipped_ones(tmp_path, monkeypatch):
+    from elastic_attention.assets import shipped_routers
+
+    assert shipped_routers() == ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
+    model = qwen_coder_shape(SHAPES[QWEN_CODER_ROUTER])
+    monkeypatch.chdir(tmp_path)  # the name, not a checkout path, finds the adapter
+    load_router(model, "qwen2.5-coder-0.5b-instruct", backend="reference")
+    saved = load_file(QWEN_CODER_ROUTER / WEIGHTS_FILE)
+    assert torch.equal(routers_of(model)[0].state_dict()["router_mlp.0.weight"].float(),
+                       saved["layers.0.router_mlp.0.weight"].float())
+    with pytest.raises(FileNotFoundError, match="qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct"):
+        load_router(qwen_coder_shape(SHAPES[QWEN_CODER_ROUTER]), "qwen2.5-coder-7b-instruct")

@@ -21,6 +21,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from elastic_attention import reference_format
+from elastic_attention.assets import router_path
 from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import AdapterMismatchError, ConfigError
 from elastic_attention.integration import attach, detach, is_attached, routers_of
@@ -122,7 +123,9 @@ _REFERENCE_FIELDS = ("routed_layers", "router_width")
 def load_router(model: nn.Module, path: str | Path, *, backend: str = "auto", reattach: bool = False) -> nn.Module:
     """Load routers onto a model, attaching elastic attention with the adapter's configuration if needed.
 
-    ``path`` is an adapter folder written by `save_router`, or a safetensors file / folder of the reference
+    ``path`` is an adapter folder written by `save_router`, the name of a router shipped with the package
+    (``"qwen2.5-coder-1.5b-instruct"``, ``"qwen2.5-coder-0.5b-instruct"``: `elastic_attention.assets.shipped_routers`;
+    a folder of that name in the working directory comes first), or a safetensors file / folder of the reference
     implementation holding ``model.layers.{i}.self_attn.mask_allocator.*`` weights.
 
     Routers never run under settings they were not trained with: onto a model already attached with another
@@ -134,11 +137,9 @@ def load_router(model: nn.Module, path: str | Path, *, backend: str = "auto", re
     Raises:
         AdapterMismatchError: the adapter was made for another family, shape or configuration, or its weights do not
             fit the routers.
-        FileNotFoundError: nothing at ``path``.
+        FileNotFoundError: nothing at ``path`` and no shipped router of that name (the message lists the names).
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no router adapter at {path}")
+    path = router_path(path)
     if path.is_dir() and (path / WEIGHTS_FILE).exists() and not (path / CONFIG_FILE).exists():
         raise AdapterMismatchError(
             f"adapter folder {path} has {WEIGHTS_FILE} but no {CONFIG_FILE}: save_router writes both; copy the "

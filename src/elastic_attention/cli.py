@@ -13,6 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
+from elastic_attention.assets import shipped_routers
 from elastic_attention.errors import ElasticAttentionError, InputError
 from elastic_attention.units import comma_list as _split
 from elastic_attention.units import fraction, length_list, msr_list, non_negative_int, parse_length, positive_int
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+#: The routers shipped with the package, which --router takes by name.
+ROUTER_NAMES = ", ".join(shipped_routers())
 #: The task suites `eval`, `rows` and `try` take (`elastic_attention.evaluation.suites`).
 EVAL_SUITES = ["synthetic", "code", "broad", "ruler"]
 #: The suites `search-heads` draws its rows from (never a held-out test's) and their tasks as `evaluation.suites`
@@ -86,7 +89,8 @@ def _add_eval(commands) -> None:
     """`eval`: evaluate a model on a task suite."""
     evaluate = commands.add_parser("eval", help="evaluate a model on a task suite (synthetic, code or ruler)")
     evaluate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
-    evaluate.add_argument("--router", help="router adapter folder (needed for the elastic mode)")
+    evaluate.add_argument("--router", help=f"router adapter folder or shipped router name ({ROUTER_NAMES}; needed "
+                                           "for the elastic mode)")
     evaluate.add_argument("--modes", type=mode_list, default="full,sparse",
                           help="comma list of full, elastic, static, static@MSR (e.g. static@0.7), sparse, heads "
                                "and heads@MSR (the fixed sets of --head-set)")
@@ -141,7 +145,7 @@ def _add_try(commands) -> None:
     """`try`: answer a few suite rows and print the routing."""
     show = commands.add_parser("try", help="answer a few suite rows with a model and its routers; print the routing")
     show.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
-    show.add_argument("--router", required=True, help="router adapter folder")
+    show.add_argument("--router", required=True, help=f"router adapter folder or shipped router name ({ROUTER_NAMES})")
     show.add_argument("--suite", default="code", choices=["synthetic", "code"])
     show.add_argument("--tasks", default="passkey,next_line", help="comma list of task names, or all / sensitive / robust")
     show.add_argument("--length", type=parse_length, default="4k", help="prompt length, e.g. 4k or 3000")
@@ -159,7 +163,8 @@ def _add_generate(commands) -> None:
     """`generate`: continue a prompt of the user's own."""
     generate = commands.add_parser("generate", help="continue a prompt of your own; print the continuation and routing")
     generate.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
-    generate.add_argument("--router", help="router adapter folder (without: the unmodified model)")
+    generate.add_argument("--router", help=f"router adapter folder or shipped router name ({ROUTER_NAMES}); without: "
+                                           "the unmodified model")
     source = generate.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="the prompt text")
     source.add_argument("--file", help="a UTF-8 text file holding the prompt")
@@ -472,9 +477,14 @@ def _require_model_folder(path: str, router: str | None = None) -> None:
             f"--model {path}: {found}; give a local Hugging Face model folder (config.json, weights, tokenizer): "
             f"`elastic-attention models fetch NAME` writes one to artifacts/NAME (NAME: {', '.join(KNOWN_MODELS)}), "
             f"or save your own with model.save_pretrained(FOLDER)")
-    if router is not None and not Path(router).exists():
-        raise InputError(f"--router {router}: no such adapter folder (save_router writes one; the shipped ones are "
-                         f"under src/elastic_attention/assets/routers/)")
+    if router is not None:
+        from elastic_attention.assets import router_path, shipped_routers
+
+        try:
+            router_path(router)
+        except FileNotFoundError:
+            raise InputError(f"--router {router}: no such adapter folder (save_router writes one), nor a shipped "
+                             f"router's name ({', '.join(shipped_routers())})") from None
 
 
 def run_lm_eval(arguments: list[str]) -> int:
