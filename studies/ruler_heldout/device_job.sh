@@ -46,7 +46,7 @@ case "${1:-}" in
       --samples $BROAD_SAMPLES --seed $BROAD_SEED --out signal_broad.jsonl >> signal.log 2>&1; echo \$? > signal.rc" \
       > /dev/null 2>&1 &
     sleep 20
-    tail -2 "$RUN"/*.log | cut -c1-300 ;;
+    tail -n 2 "$RUN"/*.log | cut -c1-300 ;;
   wait)
     start=$(date +%s)
     while [ $(( $(date +%s) - start )) -lt "$LIMIT" ]; do
