@@ -30,7 +30,7 @@ from elastic_attention.integration.attention_function import (
     elastic_attention_forward,
 )
 from elastic_attention.integration.runtime import ElasticRuntime
-from elastic_attention.router import AttentionRouter, HeadSetRouter
+from elastic_attention.router import AttentionRouter, build_routers
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ def attach(
 ) -> nn.Module:
     """Attach Elastic Attention to a Hugging Face decoder, in place.
 
-    Adds one `AttentionRouter` per routed layer (as ``<attention module>.elastic_router``; with
-    ``config.head_set_choices`` one `HeadSetRouter`, in the first routed layer), freezes the backbone
+    Adds the routers `build_routers` gives ``config`` (each as ``<attention module>.elastic_router`` of the layer
+    it reads: one `AttentionRouter` per routed layer, or one `HeadSetRouter` in the first), freezes the backbone
     (the routers are the only trainable parameters), and switches the model to the ``"elastic_attention"``
     attention implementation.
 
@@ -125,19 +125,10 @@ def attach(
     for parameter in model.parameters():
         parameter.requires_grad_(False)
 
-    routers = {}
-    for index in routed[:1] if config.head_set_choices else routed:  # a head-set router sits in the first layer
-        reference = getattr(modules[index], family.key_source).weight
-        if config.head_set_choices:
-            router = HeadSetRouter(head_dim, config.router_width, num_kv_heads, config.head_set_choices, len(routed),
-                                   standardize=config.router_standardize, floor_set=config.floor_set,
-                                   floor_confidence=config.floor_confidence)
-        else:
-            router = AttentionRouter(head_dim, config.router_width,
-                                     num_kv_heads if config.router_standardize else None)
-        router = router.to(reference.device).train(model.training)
+    routers = build_routers(config, routed, head_dim, num_kv_heads)
+    for index, router in routers.items():
+        router.to(getattr(modules[index], family.key_source).weight.device).train(model.training)
         modules[index].add_module(ROUTER_ATTRIBUTE, router)
-        routers[index] = router
     runtime = ElasticRuntime(
         config, family, attention_backend, routers, routed, num_kv_heads, head_dim, num_layers=len(modules),
         cache_kind=cache,
@@ -264,8 +255,8 @@ def is_attached(model: nn.Module) -> bool:
 
 
 def routers_of(model: nn.Module) -> dict[int, AttentionRouter]:
-    """Layer index -> router of an attached model (with ``head_set_choices``: the first routed layer's
-    `HeadSetRouter` alone)."""
+    """Layer index -> router of an attached model, by the layer each reads (`build_routers`: a head-set router
+    sits in the first routed layer alone)."""
     return dict(runtime_of(model).routers)
 
 
@@ -326,10 +317,10 @@ def force_head_set(model: nn.Module, index: int | None) -> None:
     again. A routing forced by `force_routing` takes precedence.
 
     Raises:
-        ConfigError: the model routes per head (no ``head_set_choices``), or ``index`` is not one of its sets.
+        ConfigError: the model's routers decide each KV head (no head sets), or ``index`` is not one of its sets.
     """
     routing = runtime_of(model).routing
-    choices = routing.config.head_set_choices
+    choices = routing.routers[routing.routed_layers[0]].choices
     if index is not None:
         if not choices:
             raise ConfigError("force_head_set needs a head-set router (`head_set_choices`); this model's routers "

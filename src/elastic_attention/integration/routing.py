@@ -1,8 +1,9 @@
 """`ModelRouting`: the routers of one attached model and what they decided for the current prompt.
 
 A prefill routes every routed layer once, from that layer's pre-RoPE keys (`route`); the decisions are kept for the
-decode steps that follow, reordered with the batch (`select_sequences`). With a `HeadSetRouter` the first routed
-layer's keys choose one head set per prompt, and every routed layer takes that set's heads. Routing can be forced
+decode steps that follow, reordered with the batch (`select_sequences`). A router decides its own layer and the
+routed layers after it, up to the next router (`router.build_routers` places them): a per-head router its layer alone,
+a `HeadSetRouter` in the first routed layer every routed layer, from one head set per prompt. Routing can be forced
 (every head full or sparse, or a fixed head set) instead of asking the routers; a `HeadSetRouter` can also be made to
 run one of its own sets for every prompt while what it would read is kept (``forced_set``, for training on the
 expected objective). In train mode each layer draws its Gumbel noise from a seed taken once per forward, so a layer
@@ -28,7 +29,7 @@ class ModelRouting:
 
     Args:
         config: the attached configuration (pooling spans; which mode streams).
-        routers: layer index -> router, for the routed layers (a `HeadSetRouter`: the first routed layer only).
+        routers: layer index -> router, by the routed layer it reads (`build_routers`).
         routed_layers: the routed layers, ascending.
         num_kv_heads: Hkv.
 
@@ -36,7 +37,6 @@ class ModelRouting:
         forced: None (the routers decide), or [routed layers, Hkv] bool, True = full attention for every sequence.
         decisions: layer index -> [N, Hkv] float32 decisions of the last prefill (1.0 = retrieval; carries the
             straight-through gradient in training).
-        choice: with a `HeadSetRouter`, [N, C] the last prefill's one-hot choice of head set (None otherwise).
         set_decision: with a `HeadSetRouter` in eval mode, the last prefill's `SetDecision` (its probabilities and
             where the safety floor acted; None otherwise).
         forced_set: with a `HeadSetRouter`, None (it chooses), or the index of the set every prompt runs.
@@ -52,7 +52,9 @@ class ModelRouting:
         self.num_kv_heads = num_kv_heads
         self.forced: torch.Tensor | None = None
         self.decisions: dict[int, torch.Tensor] = {}
-        self.choice: torch.Tensor | None = None
+        self._outputs: dict[int, torch.Tensor] = {}  # the routers' outputs in this prefill, by the layer each reads
+        # routed layer -> the layer of the router that decides it: the nearest router at or before it
+        self._readers = {layer: max(index for index in routers if index <= layer) for layer in self.routed_layers}
         self.set_decision: SetDecision | None = None
         self.forced_set: int | None = None
         self.set_router_input: torch.Tensor | None = None
@@ -65,7 +67,7 @@ class ModelRouting:
         """Forget the previous prompt's decisions; pool only each sequence's first ``prompt_lengths`` tokens (None:
         all of them) and draw this forward's noise from ``noise_seed`` (None: torch's global generator)."""
         self.decisions = {}
-        self.choice = None
+        self._outputs = {}
         self.set_decision = None
         self.set_router_input = None
         self._noise_seeds = {}
@@ -94,22 +96,20 @@ class ModelRouting:
         Returns:
             [N, Hkv] float32 decisions (also kept in ``decisions``).
         """
+        position = self.routed_layers.index(layer_index)
         if self.forced is not None:
-            z = self.forced[self.routed_layers.index(layer_index)].to(keys.device, torch.float32)
-            z = z.expand(layout.num_sequences, -1)
-        elif self.config.head_set_choices:
-            router = self.routers[self.routed_layers[0]]
-            if layer_index == self.routed_layers[0]:
-                if self.forced_set is not None:
-                    self.choice = self._score_forced_set(router, keys, layout)
-                else:
-                    self.choice = self._ask(router, layer_index, keys, layout)
-                    self.set_decision = None if router.training else router.last_decision
-            elif self.choice is None:
-                raise InputError(f"layer {layer_index} routes before the first routed layer chose a head set")
-            z = router.decisions(self.choice, self.routed_layers.index(layer_index))
+            z = self.forced[position].to(keys.device, torch.float32).expand(layout.num_sequences, -1)
         else:
-            z = self._ask(self.routers[layer_index], layer_index, keys, layout)
+            reader = self._readers[layer_index]
+            router = self.routers[reader]
+            if layer_index == reader and self.forced_set is not None:
+                self._outputs[reader] = self._score_forced_set(router, keys, layout)
+            elif layer_index == reader:
+                self._outputs[reader] = self._ask(router, layer_index, keys, layout)
+                self.set_decision = None if router.training else router.last_decision
+            elif reader not in self._outputs:
+                raise InputError(f"layer {layer_index} routes before layer {reader}, whose router decides it")
+            z = router.decisions(self._outputs[reader], position)
         self.decisions[layer_index] = z
         return z
 
@@ -147,8 +147,6 @@ class ModelRouting:
         """Keep the decisions of the sequences at ``index`` ([N'] int64, repeats allowed), in that order: what a
         cache that was reordered (beam search), repeated or trimmed along the batch needs for its later steps."""
         self.decisions = {layer: z.index_select(0, index.to(z.device)) for layer, z in self.decisions.items()}
-        if self.choice is not None:
-            self.choice = self.choice.index_select(0, index.to(self.choice.device))
         if self.set_decision is not None:
             decision = self.set_decision
             self.set_decision = SetDecision(*(part.index_select(0, index.to(part.device)) for part in

@@ -27,7 +27,15 @@ class AttentionRouter(nn.Module):
         width: hidden width multiplier (hidden = width * D).
         num_kv_heads: Hkv for a standardizing router; ``None`` for the paper's router.
         classes: logits per head: 2 (sparse, full) for a per-head router; a `HeadSetRouter` gives one per head set.
+
+    Every router type answers the same calls (`build_routers` places them): ``forward`` turns its layer's pooled
+    keys into its output, `decisions` turns that output into the decisions of each routed layer it decides.
     """
+
+    #: The head sets a router chooses among per prompt: None, this router decides each KV head.
+    choices: int | None = None
+    #: What the last eval-mode forward decided beyond its output (a `HeadSetRouter`'s `SetDecision`): none here.
+    last_decision = None
 
     def __init__(self, head_dim: int, width: int = 4, num_kv_heads: int | None = None, classes: int = 2) -> None:
         super().__init__()
@@ -177,3 +185,8 @@ class AttentionRouter(nn.Module):
             decisions = straight_through_decision(logits, self.temperature, noise, self.margin_limit)
         pinned = self.pinned_heads()
         return decisions if pinned is None else decisions.masked_fill(pinned, 0.0)
+
+    def decisions(self, output: torch.Tensor, position: int) -> torch.Tensor:
+        """[N, Hkv] float32 decisions of the ``position``-th routed layer from ``forward``'s ``output``: a per-head
+        router decides its own layer only, and its output is that layer's decisions."""
+        return output

@@ -163,7 +163,7 @@ class RouterTrainer:
         that P(full) and the other heads at 1 minus it (pinned to sparse attention with
         ``sparse_outside_initial_heads``); a head-set router chooses its fullest set with that probability."""
         probability = self.config.initial_full_probability
-        head_set = None if self.config.head_set_choices_msrs is not None else self.config.initial_head_set()
+        head_set = None if routers[0].choices else self.config.initial_head_set()
         if head_set is None:  # a head-set router: its fullest set at that probability
             for router in routers:
                 router.set_full_probability(probability)
