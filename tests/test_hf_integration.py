@@ -274,3 +274,47 @@ def test_per_call_facts_are_forward_kwargs_of_a_prefill():
     output = model(ids, use_cache=True)
     with pytest.raises(ea.InputError, match="elastic_noise_seed apply to a prefill"):
         model(ids[:, :1], past_key_values=output.past_key_values, use_cache=True, elastic_noise_seed=5)
+
+
+def test_a_prefill_inside_the_sparse_window_warns_once_and_the_report_prints_a_summary(caplog):
+    """sink 8 + local 16 = 24 tokens: a 20-token prompt on SSA skips nothing (ESR 0), a 45-token one does."""
+    model = tiny_model("llama")
+    ea.attach(model, CONFIG)
+    ea.force_routing(model, "sparse")
+    for length, warned in ((20, True), (45, False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="elastic_attention"), torch.no_grad():
+            model.generate(torch.randint(1, 97, (2, length)), max_new_tokens=3, do_sample=False)
+        notes = [record for record in caplog.records if "fit in the sparse window" in record.getMessage()]
+        assert len(notes) == (1 if warned else 0)  # once per call: the prefill, not its decode steps
+        if warned:
+            assert notes[0].getMessage().startswith("elastic attention: 2 of 2 prompts (20 tokens at most) fit")
+            assert "(sink 8 + local 16 tokens)" in notes[0].getMessage()
+    ea.force_routing(model, "full")  # no head on SSA: nothing to warn about
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="elastic_attention"), torch.no_grad():
+        model(torch.randint(1, 97, (1, 20)))
+    assert not [record for record in caplog.records if "sparse window" in record.getMessage()]
+    printed = str(ea.routing_report(model))
+    assert printed.splitlines() == ["RoutingReport: 1 sequence(s), 2 routed layer(s)",
+                                    "  sequence 0 (row 0): MSR 0.00, ESR last 0.00, ESR mean 0.00"]
+    assert "tensor" not in printed
+
+
+def test_the_printed_report_of_a_head_set_router_names_each_sequences_set():
+    from elastic_attention.integration.report import HeadSetReport, RoutingReport
+    from elastic_attention.router.head_set_router import SetDecision
+
+    decision = SetDecision(choice=torch.tensor([1, 0]), probabilities=torch.tensor([[0.2, 0.8], [0.9, 0.1]]),
+                           preferred=torch.tensor([1, 0]))
+    sets = HeadSetReport(decision=decision, set_msrs=torch.tensor([0.0, 0.5]), full_heads=torch.tensor([4, 2]),
+                         total_heads=4, floor_set=None, floor_confidence=0.0)
+    z = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]])
+    report = RoutingReport(layers=(0, 1), rows=torch.tensor([0, 1]), z=z, msr=torch.tensor([0.5, 0.0]),
+                           esr_per_layer=torch.tensor([[0.25, 0.5], [0.0, 0.0]]), head_sets=sets)
+    assert str(report).splitlines()[1:] == [
+        "  sequence 0 (row 0): MSR 0.50, ESR last 0.50, ESR mean 0.38; head set 1 of 2: MSR 0.50, 2 of 4 KV heads "
+        "full, probability 0.80",
+        "  sequence 1 (row 1): MSR 0.00, ESR last 0.00, ESR mean 0.00; head set 0 of 2: MSR 0.00, 4 of 4 KV heads "
+        "full, probability 0.90",
+    ]

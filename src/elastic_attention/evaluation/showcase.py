@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -66,6 +68,21 @@ def window_note(prompt_tokens: int, config) -> str | None:
             f"{config.local_tokens} tokens): a head on SSA skips nothing here, whatever the MSR")
 
 
+@contextmanager
+def own_window_note() -> Iterator[None]:
+    """While inside, the runtime's log line about a prompt inside the sparse window is dropped: these commands print
+    `window_note` beside each prompt instead."""
+    runtime_logger = logging.getLogger("elastic_attention.integration.runtime")
+    def drop(record: logging.LogRecord) -> bool:
+        return not getattr(record, "window_note", False)
+
+    runtime_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        runtime_logger.removeFilter(drop)
+
+
 def run_try_command(
     model_dir: str,
     *,
@@ -106,7 +123,8 @@ def run_try_command(
     config = runtime_of(model).config
     for index, (task, row) in enumerate(rows):
         started = time.perf_counter()
-        result = evaluate_rows(model, tokenizer, [row], batch_size=1)
+        with own_window_note():
+            result = evaluate_rows(model, tokenizer, [row], batch_size=1)
         seconds = time.perf_counter() - started
         tokens = row.metadata.get("prompt_tokens", length)
         note = window_note(tokens, config)
@@ -121,7 +139,8 @@ def run_try_command(
             *report_lines(routing_report(model)),
         )
         if compare:
-            routed = timed_generation(model, tokenizer, prompts[index], new_tokens)
+            with own_window_note():
+                routed = timed_generation(model, tokenizer, prompts[index], new_tokens)
             say(*("  " + line for line in comparison_lines(plain[index], routed, str(prompts[index].device))))
     return "\n".join(lines)
 
@@ -161,7 +180,8 @@ def run_generate_command(
         load_router(model, router)
     say(f"{'the routed model' if router else 'the model'}: {len(ids)} prompt tokens, up to {max_new_tokens} new, on "
         f"{input_ids.device} ({dtype})")
-    measured = timed_generation(model, tokenizer, input_ids, max_new_tokens)
+    with own_window_note():
+        measured = timed_generation(model, tokenizer, input_ids, max_new_tokens)
     continuation = tokenizer.decode(measured["tokens"][0], skip_special_tokens=True)
     lines = [continuation, "", f"{len(ids)} prompt tokens, {measured['tokens'].shape[1]} new, "
                                f"{measured['ttft_s'] + measured['decode_s']:.1f} s"]

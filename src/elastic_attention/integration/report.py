@@ -89,6 +89,18 @@ class RoutingReport:
         """[N] effective sparsity averaged over the routed layers."""
         return self.esr_per_layer.mean(dim=1)
 
+    def __str__(self) -> str:
+        """One line per sequence: its row, MSR, ESR of the last routed layer and mean ESR, and a head-set router's
+        choice (`HeadSetReport.line`) when there is one."""
+        lines = [f"RoutingReport: {len(self.rows)} sequence(s), {len(self.layers)} routed layer(s)"]
+        for sequence, item in enumerate(self.summary()):
+            line = (f"  sequence {sequence} (row {item['row']}): MSR {item['msr']:.2f}, ESR last "
+                    f"{item['esr_last']:.2f}, ESR mean {item['esr_mean']:.2f}")
+            if self.head_sets is not None:
+                line += f"; {self.head_sets.line(sequence)}"
+            lines.append(line)
+        return "\n".join(lines)
+
     def summary(self) -> list[dict[str, float]]:
         """Per sequence: row, MSR, ESR of the last layer, mean ESR, as plain floats."""
         return [

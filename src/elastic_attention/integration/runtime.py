@@ -273,6 +273,8 @@ class ElasticRuntime:
         if layout is None or not layout.is_prefill or not self.decisions:
             return
         self.report = self.routing.report(layout, self.hybrid.sparsity)
+        if not decoder.training:
+            warn_if_window_covers(self.config, layout, self.report)
 
     # -- attention -----------------------------------------------------------------------------------------------
 
@@ -315,3 +317,20 @@ class ElasticRuntime:
         if self.cache is not None:
             self.cache.layers[layer_index].commit()
         return output
+
+
+def warn_if_window_covers(config, layout: SequenceLayout, report: RoutingReport) -> None:
+    """Log one warning for a prefill whose prompts (some of them) fit in the SSA window while their routing sends
+    heads to SSA: such a head attends every token, so nothing is skipped whatever the MSR (`try` and `generate` print
+    the same, `evaluation.showcase.window_note`). The record carries ``window_note=True`` for them to drop it."""
+    if config.sparse_mode != "ssa":
+        return
+    window = config.sink_tokens + config.local_tokens
+    covered = [length for length, msr in zip(layout.key_len.tolist(), report.msr.detach().tolist())
+               if length <= window and msr > 0]
+    if covered:
+        logger.warning(
+            "elastic attention: %d of %d prompts (%d tokens at most) fit in the sparse window (sink %d + local %d "
+            "tokens): a head on SSA skips nothing there, whatever the MSR", len(covered), layout.num_sequences,
+            max(covered), config.sink_tokens, config.local_tokens, extra={"window_note": True})
+
