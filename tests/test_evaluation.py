@@ -366,6 +366,37 @@ def test_generate_compare_sets_the_plain_model_beside_the_routed_one(tmp_path, c
     assert "--compare sets the routed model beside the plain one: pass --router" in capsys.readouterr().err
 
 
+def test_generate_logs_no_deprecation_warning_of_ours(tmp_path, capsys):
+    """transformers renamed `past_key_values` to `cache` and logs (once per process, hence the cleared cache) when a
+    caller still uses the old name; neither the routed nor the plain model's generation may."""
+    import logging
+
+    import transformers
+
+    import elastic_attention as ea
+
+    model, _ = load_backbone(TINY_BACKBONE, "cpu")
+    ea.attach(model, ElasticConfig(block_size=32, sink_tokens=32, local_tokens=128, xa_stride=8))
+    ea.save_router(model, tmp_path / "router")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    hf_logger = logging.getLogger("transformers")
+    hf_logger.addHandler(handler)
+    transformers.utils.logging.warning_once.cache_clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            warnings.simplefilter("error", DeprecationWarning)
+            assert cli_main(["generate", "--model", str(TINY_BACKBONE), "--router", str(tmp_path / "router"),
+                             "--prompt", generate("needle_single", 300, 0, 1)[0].prompt, "--max-new-tokens", "3",
+                             "--device", "cpu", "--dtype", "float32", "--raw", "--compare"]) == 0
+    finally:
+        hf_logger.removeHandler(handler)
+    assert [record.getMessage() for record in records if "deprecat" in record.getMessage().lower()] == []
+    assert "elastic vs plain" in capsys.readouterr().out
+
+
 def test_compare_says_faster_or_slower_per_column_with_one_kind_of_ratio():
     """Made-up timings: the routed prefill takes 1.16x the plain one's time (slower), its decode runs 1.25x the plain
     one's tokens a second (faster), its cache holds half the bytes (smaller); each column's ratio is the larger cost

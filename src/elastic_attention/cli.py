@@ -15,6 +15,7 @@ from pathlib import Path
 
 from elastic_attention.assets import shipped_routers
 from elastic_attention.errors import ElasticAttentionError, InputError
+from elastic_attention.help_format import finish_parser
 from elastic_attention.units import comma_list as _split
 from elastic_attention.units import fraction, length_list, msr_list, non_negative_int, parse_length, positive_int
 
@@ -57,6 +58,39 @@ SEARCH_TASKS = {
 }
 
 
+#: Every suite's tasks (`--tasks` lists them in --help), written out as SEARCH_TASKS is (tests/test_cli_help.py).
+SUITE_TASKS = {
+    **SEARCH_TASKS,
+    "broad": ("fact_single", "fact_multikey", "fact_multivalue", "two_hop", "chain_tracking", "json_lookup",
+              "table_lookup", "log_lookup", "code_definition", "code_caller", "mention_count", "value_aggregate",
+              "fact_recent", "last_record", "sequence_next", "line_completion", "rule_induction"),
+    "ruler": ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe"),
+}
+#: One example command per subcommand, the end of its --help.
+EXAMPLES = {
+    "demo": "elastic-attention demo --out demo_out",
+    "eval": "elastic-attention eval --model artifacts/qwen2.5-coder-0.5b-instruct --router qwen2.5-coder-0.5b-instruct "
+            "\\\n    --suite code --modes full,elastic,sparse --tasks all --lengths 4k,8k --samples 20 --out eval_out",
+    "try": "elastic-attention try --model artifacts/qwen2.5-coder-0.5b-instruct --router qwen2.5-coder-0.5b-instruct "
+           "\\\n    --tasks passkey,recent_fact --length 4k",
+    "generate": "elastic-attention generate --model artifacts/qwen2.5-coder-1.5b-instruct "
+                "--router qwen2.5-coder-1.5b-instruct \\\n    --file prompt.txt --max-new-tokens 64 --compare",
+    "rows": "elastic-attention rows --tokenizer artifacts/qwen2.5-coder-0.5b-instruct --suite ruler --tasks all "
+            "\\\n    --lengths 8k,16k --samples 50 --out cells/ruler",
+    "eval-merge": "elastic-attention eval-merge eval_8k eval_16k --out eval_all",
+    "models": "elastic-attention models fetch qwen2.5-coder-0.5b-instruct --out artifacts/qwen2.5-coder-0.5b-instruct",
+    "train": "elastic-attention train configs/tiny_suite.yaml steps=20 output_dir=runs/tiny",
+    "pretrain": "elastic-attention pretrain configs/backbone_tiny.yaml max_steps=100",
+    "bench": "elastic-attention bench prefill --help    (each benchmark's own options and example)",
+}
+
+
+def tasks_help(suites) -> str:
+    """The --tasks help: a comma list of task names of the given suites, each suite's names spelled out."""
+    names = "; ".join(f"{suite}: {', '.join(SUITE_TASKS[suite])}" for suite in suites)
+    return f"comma list of task names of --suite, or all / sensitive / robust ({names})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command (argument types validate their values).
 
@@ -74,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     for add_command in (_add_demo, _add_eval, _add_rows, _add_try, _add_generate, _add_lm_eval, _add_eval_merge,
                         _add_models, _add_recipes, _add_bench, _add_search_heads):
         add_command(commands)
+    for name, command in commands.choices.items():
+        if name != "lm-eval":  # lm_eval's own parser answers its --help (`run_lm_eval`)
+            finish_parser(command, EXAMPLES.get(name, ""))
     return parser
 
 
@@ -98,7 +135,7 @@ def _add_eval(commands) -> None:
                           help="synthetic (word-level, for the backbones trained here), code (real Python source), "
                                "broad (the routers' long-context training families) or ruler (RULER's offline tasks "
                                "through lm-eval's generators; a held-out test)")
-    evaluate.add_argument("--tasks", default="all", help="comma list of task names, or all / sensitive / robust")
+    evaluate.add_argument("--tasks", default="all", help=tasks_help(EVAL_SUITES))
     evaluate.add_argument("--lengths", type=length_list, default="2k,4k",
                           help="comma list of prompt lengths, e.g. 2k,4k,8k or 3000")
     evaluate.add_argument("--samples", type=positive_int, default=20, help="rows per (task, length)")
@@ -129,12 +166,10 @@ def _add_rows(commands) -> None:
         description="Write the rows of each task and length as DIR/<task>_<length>.jsonl, measured with the model's "
                     "tokenizer, so that `elastic-attention eval --rows DIR` reads them instead of generating them "
                     "(on a machine without lm-eval, or where generating long rows would cost GPU time).",
-        epilog="example: elastic-attention rows --tokenizer artifacts/qwen2.5-coder-0.5b-instruct --suite ruler "
-               "--tasks all --lengths 8k,16k --samples 50 --out cells/ruler",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+)
     rows.add_argument("--tokenizer", required=True, help="folder holding the model's tokenizer (the model folder)")
     rows.add_argument("--suite", default="ruler", choices=EVAL_SUITES, help="the suite of the tasks")
-    rows.add_argument("--tasks", default="all", help="comma list of task names, or all / sensitive / robust")
+    rows.add_argument("--tasks", default="all", help=tasks_help(EVAL_SUITES))
     rows.add_argument("--lengths", type=length_list, default="8k,16k", help="comma list of prompt lengths")
     rows.add_argument("--samples", type=positive_int, default=50, help="rows per (task, length)")
     rows.add_argument("--seed", type=int, default=0, help="the suites' seed (give eval the same --seed)")
@@ -147,7 +182,7 @@ def _add_try(commands) -> None:
     show.add_argument("--model", required=True, help="folder of a Hugging Face causal LM and its tokenizer")
     show.add_argument("--router", required=True, help=f"router adapter folder or shipped router name ({ROUTER_NAMES})")
     show.add_argument("--suite", default="code", choices=["synthetic", "code"])
-    show.add_argument("--tasks", default="passkey,next_line", help="comma list of task names, or all / sensitive / robust")
+    show.add_argument("--tasks", default="passkey,next_line", help=tasks_help(["synthetic", "code"]))
     show.add_argument("--length", type=parse_length, default="4k", help="prompt length, e.g. 4k or 3000")
     show.add_argument("--samples", type=positive_int, default=1, help="rows per task")
     show.add_argument("--seed", type=int, default=0)
@@ -180,8 +215,9 @@ def _add_generate(commands) -> None:
 
 def _add_lm_eval(commands) -> None:
     """`lm-eval`: lm-evaluation-harness's own command line (`run_lm_eval`; its arguments pass through)."""
-    harness = commands.add_parser("lm-eval", help="run lm-evaluation-harness with the elastic-attention model type",
-                                  add_help=False)
+    harness = commands.add_parser("lm-eval", add_help=False,
+                                  help="run lm-evaluation-harness with the elastic-attention model type (needs the "
+                                       "lm-eval extra; `elastic-attention lm-eval --help`)")
     harness.add_argument("arguments", nargs=argparse.REMAINDER, help="lm_eval's own arguments")
 
 
@@ -197,7 +233,9 @@ def _add_models(commands) -> None:
     """`models list | fetch NAME`."""
     models = commands.add_parser("models", help="pretrained models fetched as an install step: list | fetch NAME")
     models.add_argument("action", choices=["list", "fetch"])
-    models.add_argument("name", nargs="?", help="the model to fetch (see `models list`)")
+    from elastic_attention.models import KNOWN_MODELS
+
+    models.add_argument("name", nargs="?", help=f"the model to fetch: {', '.join(KNOWN_MODELS)}")
     models.add_argument("--out", help="folder to write the Hugging Face model to (default: artifacts/NAME)")
     models.add_argument("--gguf", help="an already assembled GGUF file to convert instead of downloading")
     models.add_argument("--cache", help="where the assembled GGUF file is kept (default: ~/.cache/elastic-attention)")
@@ -487,13 +525,39 @@ def _require_model_folder(path: str, router: str | None = None) -> None:
                              f"router's name ({', '.join(shipped_routers())})") from None
 
 
+#: What `elastic-attention lm-eval --help` prints before lm_eval's own help (alone where the extra is missing).
+LM_EVAL_USAGE = """usage: elastic-attention lm-eval [lm_eval's own arguments]
+
+Runs lm-evaluation-harness's command line (`lm_eval ...`) with the model type `elastic-attention` registered: a
+Hugging Face model folder with a router attached (--model_args pretrained=MODEL_FOLDER,router=ADAPTER_OR_NAME, and
+optionally backend=auto|fa4|flex|cpu|reference, dtype=float32|bfloat16, device=cpu|cuda). Every other argument is
+lm_eval's (--tasks, --batch_size, --limit, --include_path, --output_path, ...).
+Needs the lm-eval extra (lm-evaluation-harness with RULER's offline generators): pip install 'elastic-attention[lm-eval]'
+
+example:
+  elastic-attention lm-eval --model elastic-attention \\
+      --model_args pretrained=artifacts/qwen2.5-coder-0.5b-instruct,router=qwen2.5-coder-0.5b-instruct \\
+      --tasks niah_single_1 --metadata '{"max_seq_lengths": [8192]}' --batch_size 1 --limit 20
+"""
+
+
 def run_lm_eval(arguments: list[str]) -> int:
-    """lm-evaluation-harness's command line with the ``elastic-attention`` model type registered."""
+    """lm-evaluation-harness's command line with the ``elastic-attention`` model type registered; ``--help`` (or no
+    arguments) first prints `LM_EVAL_USAGE`, and alone where the lm-eval extra is missing."""
+    wants_help = not arguments or "-h" in arguments or "--help" in arguments
+    if wants_help:
+        print(LM_EVAL_USAGE)
     try:
         import elastic_attention.harness  # noqa: F401  (registers the model type)
-    except InputError as error:
+    except (InputError, ImportError) as error:
+        if wants_help:
+            print("lm-eval is not installed here: pip install 'elastic-attention[lm-eval]' (then --help shows "
+                  "lm_eval's own options too)")
+            return 0
         print(f"elastic-attention lm-eval: error: {error}", file=sys.stderr)
         return 2
+    if wants_help:
+        print("lm_eval's own options:\n")
     from lm_eval.__main__ import cli_evaluate
 
     from elastic_attention.evaluation.ruler import no_downloads

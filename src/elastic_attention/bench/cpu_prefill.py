@@ -20,14 +20,14 @@ import torch
 
 from elastic_attention import ElasticConfig, attach, detach, force_routing
 from elastic_attention.bench.timing import run_header, timed, write_result
+from elastic_attention.help_format import finish_parser
 from elastic_attention.units import parse_length
 
 MODES = ("plain", "full", "sparse", "full_reference")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="elastic-attention bench cpu-prefill", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="elastic-attention bench cpu-prefill", description=__doc__)
     parser.add_argument("--model", help="a model folder (default: random weights of the Qwen2.5-0.5B shape)")
     parser.add_argument("--length", type=parse_length, default=4096)
     parser.add_argument("--sink", type=int, default=128)
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                         help="float32 on CPUs without bf16 instructions (no AVX-512 BF16 / AMX), where bf16 is slow")
     parser.add_argument("--out", type=Path)
+    finish_parser(parser, "elastic-attention bench cpu-prefill --length 4k --out cpu_prefill.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = _model(args.model, args.length, getattr(torch, args.dtype))

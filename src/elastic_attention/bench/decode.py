@@ -1,4 +1,4 @@
-"""Decode with the bounded cache against full caches: KV bytes and step latency (issue 6, item 4).
+"""Decode with the bounded cache against full caches: KV bytes and step latency.
 
 Builds a decoder with random bf16 weights from a config (default: the Llama-3.1-8B shape; nothing is downloaded)
 and, for each length, prefills one random prompt of batch 1 with each cache kind:
@@ -38,6 +38,7 @@ import torch
 from elastic_attention import ElasticCache, attach, detach, force_routing
 from elastic_attention.cache import cache_nbytes
 from elastic_attention.cache.token_attention import single_query_kernels
+from elastic_attention.help_format import finish_parser
 from elastic_attention.integration.attach import is_attached, runtime_of
 from elastic_attention.bench.model import (
     add_model_arguments,
@@ -46,7 +47,7 @@ from elastic_attention.bench.model import (
     forced_routing,
     model_fields,
 )
-from elastic_attention.bench.timing import parse_tokens, run_header, timed, write_result
+from elastic_attention.bench.timing import output_cache, parse_tokens, run_header, timed, write_result
 
 CACHE_KINDS = ("bounded", "bounded_torch", "full", "dense")
 
@@ -127,7 +128,7 @@ def measure_kind(model, kind: str, prompt: torch.Tensor, args, device: torch.dev
         with torch.inference_mode():
             output, prefill_s, prefill_peak = prefill(model, prompt, args.prefill_chunk, device, cache)
             del cache
-            state.update(cache=output.past_key_values, length=length, token=output.logits[:, -1:].argmax(-1))
+            state.update(cache=output_cache(output), length=length, token=output.logits[:, -1:].argmax(-1))
             del output
 
             def step():
@@ -219,7 +220,8 @@ def run(args) -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="elastic-attention bench decode",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("32k,128k"))
     parser.add_argument("--batch", type=batch_sizes, default=[1, 8])
     parser.add_argument("--caches", type=lambda t: t.split(","), default=list(CACHE_KINDS),
@@ -233,6 +235,7 @@ def parse_args(argv=None):
     parser.add_argument("--tolerance", type=float, default=0.1,
                         help="largest next-token logit difference allowed, relative to the largest logit")
     parser.add_argument("--out", type=Path, required=True)
+    finish_parser(parser, 'elastic-attention bench decode --lengths 32k,128k --batch 1,8 --out decode.json')
     return parser.parse_args(argv)
 
 

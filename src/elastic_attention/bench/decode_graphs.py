@@ -1,5 +1,5 @@
 """Decode steps replayed as CUDA graphs: the bounded cache against the fastest dense decode, each against its
-bandwidth bound (issue 21).
+bandwidth bound.
 
 Builds a decoder with random bf16 weights (default: the Llama-3.1-8B shape; nothing is downloaded) and, for each
 length, prefills one random prompt of batch 1, repeats the cache along the batch to every ``--batch`` size, and
@@ -47,6 +47,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, StaticCache
 
 from elastic_attention import ElasticCache, attach, detach, force_routing
+from elastic_attention.help_format import finish_parser
 from elastic_attention.integration import set_compile_decode
 from elastic_attention.bench.decode import batch_sizes, compile_in_process
 from elastic_attention.cache import cache_nbytes
@@ -57,7 +58,7 @@ from elastic_attention.bench.model import (
     forced_routing,
     model_fields,
 )
-from elastic_attention.bench.timing import copy_bandwidth, parse_tokens, run_header, timed, write_result
+from elastic_attention.bench.timing import copy_bandwidth, output_cache, parse_tokens, run_header, timed, write_result
 from elastic_attention.cache.triton_decode import DecodeKernelOptions, DecodeSegments, decode_step
 from elastic_attention.errors import InputError
 from elastic_attention.integration.decode_graph import capture_graph, decode_layers
@@ -278,7 +279,7 @@ def measure_bounded(model, prompt, args, bandwidth: float, weights: int) -> list
     try:
         with torch.inference_mode():
             output, prefill_s = prefill(model, prompt, ElasticCache(model, kernel_options=args.kernel_options))
-            cache, token = output.past_key_values, output.logits[:, -1:].argmax(-1)
+            cache, token = output_cache(output), output.logits[:, -1:].argmax(-1)
             del output
             batch = 1
             for size in args.batch:
@@ -313,7 +314,7 @@ def measure_dense(model, prompt, args, bandwidth: float, weights: int) -> list[d
     with torch.inference_mode():
         model.set_attn_implementation("sdpa")
         output, prefill_s = prefill(model, prompt)
-        dense, token = output.past_key_values, output.logits[:, -1:].argmax(-1)
+        dense, token = output_cache(output), output.logits[:, -1:].argmax(-1)
         del output
         batch = 1
         for size in args.batch:
@@ -382,7 +383,7 @@ def measure_request(model, args, weights: int) -> dict:
         try:
             start = time.perf_counter()
             output, _ = prefill(model, prompt, ElasticCache(model, kernel_options=args.kernel_options))
-            decode(Stepper(model, output.past_key_values, output.logits[:, -1:].argmax(-1), length))
+            decode(Stepper(model, output_cache(output), output.logits[:, -1:].argmax(-1), length))
             torch.cuda.synchronize()
             result["bounded_s"] = time.perf_counter() - start
             del output
@@ -393,7 +394,7 @@ def measure_request(model, args, weights: int) -> dict:
         start = time.perf_counter()
         output, _ = prefill(model, prompt)
         token = output.logits[:, -1:].argmax(-1)
-        static = static_copy(model, output.past_key_values, length, length + new_tokens + 8)
+        static = static_copy(model, output_cache(output), length, length + new_tokens + 8)
         del output
         STATIC_ATTENTION.prepare(static, length, args.kernel_options)
         model.set_attn_implementation(STATIC_ATTENTION_NAME)
@@ -407,7 +408,7 @@ def measure_request(model, args, weights: int) -> dict:
         torch.cuda.empty_cache()
         start = time.perf_counter()
         output, _ = prefill(model, prompt)
-        decode(Stepper(model, output.past_key_values, output.logits[:, -1:].argmax(-1), length))
+        decode(Stepper(model, output_cache(output), output.logits[:, -1:].argmax(-1), length))
         torch.cuda.synchronize()
         result["dense_s"] = time.perf_counter() - start
         del output
@@ -474,7 +475,8 @@ def compare(rows: list[dict]) -> None:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="elastic-attention bench decode-graphs",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("32k,128k"))
     parser.add_argument("--batch", type=batch_sizes, default=[1, 8])
     parser.add_argument("--backend", default="auto", help="prefill backend of the bounded kinds")
@@ -488,6 +490,8 @@ def parse_args(argv=None):
                         default=None,
                         help="fused decode kernel options as JSON (see studies/kernel_tuning/decode_kernel_sweep.py)")
     parser.add_argument("--out", type=Path, required=True)
+    finish_parser(parser, "elastic-attention bench decode-graphs --lengths 32k,128k --batch 1,8 "
+                          "--out decode_graphs.json")
     return parser.parse_args(argv)
 
 

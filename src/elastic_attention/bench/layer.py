@@ -27,6 +27,7 @@ from elastic_attention import AttentionRouter
 from elastic_attention.backends import ReferenceBackend, get_backend
 from elastic_attention.bench.model import add_pattern_arguments, elastic_config
 from elastic_attention.bench.timing import dense_baselines, parse_tokens, run_header, timed, write_result
+from elastic_attention.help_format import finish_parser
 from elastic_attention.patterns import MODE_CODES, BlockTableBuilder, SequenceLayout
 from elastic_attention.router import boundary_pool
 
@@ -130,7 +131,8 @@ def flex_options_used(args, device: torch.device) -> dict | None:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="elastic-attention bench layer",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("8k,32k,128k"))
     parser.add_argument("--msr", type=lambda t: [float(x) for x in t.split(",")], default=[0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--backends", type=lambda t: t.split(","), default=["fa4", "flex"],
@@ -149,6 +151,9 @@ def parse_args(argv=None):
     parser.add_argument("--check-up-to", type=int, default=8192, help="check backends against the reference up to")
     parser.add_argument("--tolerance", type=float, default=3e-2)
     parser.add_argument("--out", type=Path, required=True)
+    finish_parser(parser, "elastic-attention bench layer --lengths 8k,32k --msr 0.5,1.0 --backends flex --out layer.json\n"
+                          "elastic-attention bench layer --device cpu --lengths 1k --msr 0.5 --backends cpu,reference "
+                          "--heads 4 --kv-heads 2 --out /tmp/layer.json")
     return parser.parse_args(argv)
 
 

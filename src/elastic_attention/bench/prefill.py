@@ -1,4 +1,4 @@
-"""End-to-end prefill of a decoder through Hugging Face: elastic attention against dense models (issue 5, item 4b).
+"""End-to-end prefill of a decoder through Hugging Face: elastic attention against dense models.
 
 The model is built from a config with random bf16 weights (default: the Llama-3.1-8B shape), so nothing is
 downloaded. For each length it times one prefill (``logits_to_keep=1``, no cache) of:
@@ -33,6 +33,7 @@ from elastic_attention.bench.model import (
 )
 from elastic_attention.bench.merge_runs import runs_lines
 from elastic_attention.bench.timing import parse_tokens, run_header, timed, write_result
+from elastic_attention.help_format import finish_parser
 from elastic_attention.io import atomic_write_text
 
 FA4_DENSE = "fa4_dense"
@@ -155,7 +156,8 @@ def check_against_reference(model, input_ids, config: ElasticConfig, routing, ba
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="elastic-attention bench prefill",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("8k,32k,128k"))
     parser.add_argument("--modes", type=lambda t: [m for m in t.split(",") if m], default=["sdpa", FA4_DENSE],
                         help="dense baselines (attention implementations)")
@@ -167,6 +169,7 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--check-up-to", type=int, default=8192, help="check against the reference up to")
     parser.add_argument("--out", type=Path, required=True)
+    finish_parser(parser, 'elastic-attention bench prefill --lengths 8k,32k,128k --out prefill.json')
     return parser.parse_args(argv)
 
 

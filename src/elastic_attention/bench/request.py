@@ -57,8 +57,16 @@ from pathlib import Path
 import torch
 
 from elastic_attention.bench.merge_runs import runs_lines
-from elastic_attention.bench.timing import parse_tokens, run_header, timed_generate, warm_then_timed, write_result
+from elastic_attention.bench.timing import (
+    output_cache,
+    parse_tokens,
+    run_header,
+    timed_generate,
+    warm_then_timed,
+    write_result,
+)
 from elastic_attention.errors import InputError
+from elastic_attention.help_format import finish_parser
 from elastic_attention.io import atomic_write_text
 
 #: The fields of a result row (the issue's names; a results script reads them).
@@ -209,14 +217,14 @@ def own_loop_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
         steps = {"positions": positions[:, -1:] + 1, "suppressed_tokens": suppressed}
         key, pads = (ids.shape[0], length + new_tokens + 8), (mask == 0).sum(1).tolist()
         if elastic:
-            stepper = Stepper(model, output.past_key_values, token, length, **steps)
+            stepper = Stepper(model, output_cache(output), token, length, **steps)
         elif kept_steps is not None and key in kept_steps:
             stepper, STATIC_ATTENTION.segments, STATIC_ATTENTION.pads = kept_steps[key]
-            static_copy(model, output.past_key_values, length, key[1], into=stepper.cache)
+            static_copy(model, output_cache(output), length, key[1], into=stepper.cache)
             STATIC_ATTENTION.prepare(stepper.cache, length, None, pads=pads, in_place=True)
             stepper.restart(token, length, steps["positions"])
         else:
-            cache = static_copy(model, output.past_key_values, length, key[1])
+            cache = static_copy(model, output_cache(output), length, key[1])
             STATIC_ATTENTION.prepare(cache, length, None, pads=pads)
             steps.update(graph_over_static=STATIC_ATTENTION, compile_layers=True, group_projections=True)
             stepper = Stepper(model, cache, token, length, **steps)
@@ -462,7 +470,8 @@ def compile_settings(text: str) -> list[bool]:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="elastic-attention bench request", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a local Hugging Face model folder")
-    parser.add_argument("--router", required=True, help="the router adapter folder for that model")
+    parser.add_argument("--router", required=True, help="the router adapter folder for that model, or a shipped "
+                        "router's name (qwen2.5-coder-1.5b-instruct, ...)")
     parser.add_argument("--tasks", default="passkey,next_line", help="SENSITIVE,ROBUST: one task of each kind")
     parser.add_argument("--suite", default="code", choices=["code", "synthetic"])
     parser.add_argument("--lengths", type=parse_tokens, default=parse_tokens("16k,32k"))
@@ -488,6 +497,8 @@ def parse_args(argv=None):
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"])
     parser.add_argument("--out", type=Path, required=True)
+    finish_parser(parser, "elastic-attention bench request --model artifacts/qwen2.5-coder-1.5b-instruct --router "
+                          "qwen2.5-coder-1.5b-instruct --lengths 16k,32k --batch 1,8 --out request.json")
     args = parser.parse_args(argv)
     if len(args.tasks.split(",")) != 2:
         parser.error(f"--tasks takes SENSITIVE,ROBUST, got {args.tasks!r}")

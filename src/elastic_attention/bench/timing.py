@@ -181,10 +181,17 @@ def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
     return {
         **clock.timings(ids.shape[0]),
         "peak_memory_bytes": torch.cuda.max_memory_allocated(ids.device) if cuda else None,
-        "kv_cache_bytes": cache_nbytes(output.past_key_values),
+        "kv_cache_bytes": cache_nbytes(output_cache(output)),
         "tokens": output.sequences[:, ids.shape[1]:].cpu(),
         **({"logits": torch.stack(output.logits, dim=1)} if generate_kwargs.get("output_logits") else {}),
     }
+
+
+def output_cache(output):
+    """The cache a model's forward or `generate` returned: its ``cache`` field where transformers has renamed
+    ``past_key_values`` to ``cache`` (reading the old name there logs a deprecation warning), else
+    ``past_key_values``."""
+    return output.cache if "cache" in getattr(output, "__dataclass_fields__", {}) else output.past_key_values
 
 
 #: The fields of `TokenClock.timings`: `warm_then_timed` reports each as its median over the timed calls.

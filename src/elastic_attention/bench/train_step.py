@@ -1,4 +1,4 @@
-"""Router-training steps at a large model shape: step time, throughput and peak memory per GPU (issue 7, item 2).
+"""Router-training steps at a large model shape: step time, throughput and peak memory per GPU.
 
 Builds a decoder with random bf16 weights from a config (default: the Llama-3.1-8B shape; nothing is downloaded),
 attaches routers, optionally turns on gradient checkpointing, shards the frozen backbone with FSDP2 when run by
@@ -22,6 +22,7 @@ import torch
 from elastic_attention import attach, routers_of, routing_report
 from elastic_attention.bench.model import add_model_arguments, build_model, elastic_config, model_fields
 from elastic_attention.bench.timing import parse_tokens, run_header, write_result
+from elastic_attention.help_format import finish_parser
 from elastic_attention.training.distributed import distributed_rank, shard_backbone, training_device
 from elastic_attention.training.objective import SparsityObjective
 from elastic_attention.training.trainer import enable_gradient_checkpointing
@@ -95,7 +96,8 @@ def run(args) -> dict | None:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="elastic-attention bench train-step",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=lambda t: parse_tokens(t)[0], default=32768)
     parser.add_argument("--answer-tokens", type=int, default=64)
     parser.add_argument("--target", type=float, default=0.7, help="target MSR of the regulariser")
@@ -105,6 +107,8 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
+    finish_parser(parser, "elastic-attention bench train-step --length 32k --gradient-checkpointing "
+                          "--out train_step.json")
     return parser.parse_args(argv)
 
 
