@@ -117,7 +117,7 @@ class TrainConfig:
         initial_full_probability: probability that a router's first decisions choose full attention, set through
             the bias of its output layer before step 0 (routing starts near the dense model and the objective
             prunes heads from there); ``None`` (the paper) keeps the zero bias, a coin flip.
-        initial_full_heads: a head set to start from, the ``--out`` file of ``scripts/head_set_search.py``: its
+        initial_full_heads: a head set to start from, the ``--out`` file of ``elastic-attention search-heads``: its
             full-attention KV heads start at P(full) = ``initial_full_probability`` and the others at 1 minus that
             (through each standardizing router's ``head_bias``). ``None``: every head starts alike.
         initial_full_heads_msr: which of that file's sets (its ``msr_asked``); needed when it holds several.
@@ -245,7 +245,7 @@ class TrainConfig:
             raise ConfigError("`initial_full_heads_msr` picks a set of `initial_full_heads`, which is not set")
         elif self.sparse_outside_initial_heads:
             raise ConfigError("`sparse_outside_initial_heads` pins the heads outside `initial_full_heads`, which is "
-                              "not set: give the head set (the --out file of scripts/head_set_search.py)")
+                              "not set: give the head set (the --out file of `elastic-attention search-heads`)")
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"`warmup_fraction` must be in [0, 1), got {self.warmup_fraction}")
         if self.head_set_objective not in HEAD_SET_OBJECTIVES:
@@ -317,7 +317,7 @@ class TrainConfig:
                               "acts on per-head routers or another start: null it")
         if self.initial_full_heads is None:
             raise ConfigError("`head_set_choices_msrs` takes its sets from `initial_full_heads`: give the head-set "
-                              "file (the --out file of scripts/head_set_search.py)")
+                              "file (the --out file of `elastic-attention search-heads`)")
         self.head_set_choices()
 
     def head_set_choices(self) -> torch.Tensor | None:
