@@ -146,7 +146,8 @@ def _add_eval(commands) -> None:
                           help="MSR of the heads mode's set (a kept set, or a point of the file's search path); "
                                "default: elastic's average MSR when a path is known, else the file's only set")
     evaluate.add_argument("--config", help="a training config whose `elastic` settings attach the model when no "
-                                           "--router is given (default: sink 64 + local 256 in blocks of 64)")
+                                           "--router is given (default: sink 64 + local 256 in blocks of 64, sized "
+                                           "for the tiny backbones; a --router brings its adapter's window)")
     evaluate.add_argument("--out", default="eval_out", help="folder for eval.json, eval.md and accuracy_vs_msr.png")
     evaluate.add_argument("--overwrite", action="store_true",
                           help="replace the results of an evaluation with other settings in --out")
