@@ -29,8 +29,9 @@ from elastic_attention.integration.attention_function import (
     WINDOWED_ATTENTION_NAME,
     elastic_attention_forward,
 )
+from elastic_attention.integration.routing import build_routers
 from elastic_attention.integration.runtime import ElasticRuntime
-from elastic_attention.router import AttentionRouter, build_routers
+from elastic_attention.router import AttentionRouter
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A prefill routes every routed layer once, from that layer's pre-RoPE keys (`route`); the decisions are kept for the
 decode steps that follow, reordered with the batch (`select_sequences`). A router decides its own layer and the
-routed layers after it, up to the next router (`router.build_routers` places them): a per-head router its layer alone,
+routed layers after it, up to the next router (`build_routers` places them): a per-head router its layer alone,
 a `HeadSetRouter` in the first routed layer every routed layer, from one head set per prompt. Routing can be forced
 (every head full or sparse, or a fixed head set) instead of asking the routers; a `HeadSetRouter` can also be made to
 run one of its own sets for every prompt while what it would read is kept (``forced_set``, for training on the
@@ -20,8 +20,34 @@ from elastic_attention.config import ElasticConfig
 from elastic_attention.errors import InputError
 from elastic_attention.integration.report import HeadSetReport, RoutingReport
 from elastic_attention.patterns import SequenceLayout
-from elastic_attention.router import AttentionRouter, boundary_pool, is_retrieval
+from elastic_attention.router import AttentionRouter, HeadSetRouter, boundary_pool, is_retrieval
 from elastic_attention.router.head_set_router import SetDecision
+
+
+def build_routers(config: ElasticConfig, routed_layers: tuple[int, ...], head_dim: int,
+                  num_kv_heads: int) -> dict[int, AttentionRouter]:
+    """The routers of ``config``, by the routed layer each sits in and reads the pooled keys of: the one place that
+    decides which router type a configuration gets.
+
+    ``config.head_set_choices`` C gives one `HeadSetRouter` in the first routed layer, choosing among C sets that
+    cover every routed layer; otherwise one `AttentionRouter` per routed layer decides each KV head of its layer.
+
+    Args:
+        config: the configuration (router width, standardizing, head sets, safety floor).
+        routed_layers: the routed layers, ascending.
+        head_dim: D.
+        num_kv_heads: Hkv.
+
+    Returns:
+        Layer index -> router (new, on the CPU, in training mode).
+    """
+    if config.head_set_choices:
+        return {routed_layers[0]: HeadSetRouter(
+            head_dim, config.router_width, num_kv_heads, config.head_set_choices, len(routed_layers),
+            standardize=config.router_standardize, floor_set=config.floor_set, floor_confidence=config.floor_confidence,
+        )}
+    standardize = num_kv_heads if config.router_standardize else None
+    return {index: AttentionRouter(head_dim, config.router_width, standardize) for index in routed_layers}
 
 
 class ModelRouting:

@@ -1,6 +1,5 @@
 """The Attention Router, its pooling and its straight-through sampling. Torch only."""
 
-from elastic_attention.router.build import build_routers
 from elastic_attention.router.head_set_router import HeadSetRouter
 from elastic_attention.router.pooling import boundary_pool
 from elastic_attention.router.router import AttentionRouter
@@ -12,7 +11,6 @@ __all__ = [
     "HeadSetRouter",
     "TemperatureSchedule",
     "boundary_pool",
-    "build_routers",
     "gumbel_noise",
     "is_retrieval",
     "straight_through_decision",
