@@ -33,6 +33,7 @@ def router(tmp_path_factory):
     return ea.save_router(model, tmp_path_factory.mktemp("router") / "router")
 
 
+@pytest.mark.slow  # about 35 s on a 2-core Xeon: four request cells end to end through the benchmark
 def test_request_rows_carry_the_issues_fields_and_true_cache_sizes(router, tmp_path):
     out = tmp_path / "request_tiny.json"
     assert cli_main(["bench", "request", "--model", str(TINY_BACKBONE), "--router", str(router), "--tasks",
