@@ -307,8 +307,8 @@ def test_the_printed_report_of_a_head_set_router_names_each_sequences_set():
 
     decision = SetDecision(choice=torch.tensor([1, 0]), probabilities=torch.tensor([[0.2, 0.8], [0.9, 0.1]]),
                            preferred=torch.tensor([1, 0]))
-    sets = HeadSetReport(decision=decision, set_msrs=torch.tensor([0.0, 0.5]), full_heads=torch.tensor([4, 2]),
-                         total_heads=4, floor_set=None, floor_confidence=0.0)
+    head_sets = torch.tensor([[[1.0, 1.0], [1.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]]])  # MSR 0 and 0.5 of 4 KV heads
+    sets = HeadSetReport(decision=decision, head_sets=head_sets, floor_set=None, floor_confidence=0.0)
     z = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]])
     report = RoutingReport(layers=(0, 1), rows=torch.tensor([0, 1]), z=z, msr=torch.tensor([0.5, 0.0]),
                            esr_per_layer=torch.tensor([[0.25, 0.5], [0.0, 0.0]]), head_sets=sets)

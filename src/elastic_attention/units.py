@@ -52,13 +52,7 @@ def positive_int(text: str) -> int:
     Raises:
         argparse.ArgumentTypeError: anything else.
     """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
@@ -67,12 +61,17 @@ def non_negative_int(text: str) -> int:
     Raises:
         argparse.ArgumentTypeError: anything else.
     """
+    return _int_at_least(text, 0, "an integer of at least 0")
+
+
+def _int_at_least(text: str, minimum: int, expected: str) -> int:
+    """``text`` as an integer of at least ``minimum``; the error says ``expected ...``."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 0, got {text!r}")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
 
 

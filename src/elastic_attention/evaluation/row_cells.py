@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from elastic_attention.errors import InputError
+from elastic_attention.io import atomic_write_text
 from elastic_attention.rows import Row
 
 HEADER_KEY = "cell"
@@ -41,7 +41,7 @@ def cell_path(folder: str | Path, task: str, length: int) -> Path:
 
 def write_cell(folder: str | Path, rows: list[Row], *, task: str, length: int, seed: int, tokenizer,
                generator: str) -> Path:
-    """Write one cell atomically (a temporary file renamed into place).
+    """Write one cell atomically (`io.atomic_write_text`).
 
     Args:
         folder: the cells' folder (created when missing).
@@ -54,15 +54,12 @@ def write_cell(folder: str | Path, rows: list[Row], *, task: str, length: int, s
         The file written.
     """
     path = cell_path(folder, task, length)
-    path.parent.mkdir(parents=True, exist_ok=True)
     header = {"task": task, "length": length, "seed": seed, "rows": len(rows),
               "tokenizer": tokenizer_digest(tokenizer), "generator": generator}
     lines = [json.dumps({HEADER_KEY: header})]
     lines += [json.dumps({name: value for name, value in asdict(row).items() if name != "source"},
                          ensure_ascii=False) for row in rows]
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from elastic_attention.router import is_retrieval
-from elastic_attention.router.head_set_router import SetDecision
+from elastic_attention.router.head_set_router import SetDecision, set_msrs
 
 
 @dataclass(frozen=True)
@@ -16,19 +16,30 @@ class HeadSetReport:
 
     Attributes:
         decision: the `SetDecision` (chosen set, probabilities, most probable set) of each sequence.
-        set_msrs: [C] each set's MSR.
-        full_heads: [C] each set's number of full-attention (routed layer, KV head) pairs.
-        total_heads: the number of (routed layer, KV head) pairs.
+        head_sets: [C, routed layers, Hkv] the router's sets, 1.0 where a set runs full attention.
         floor_set: the safety floor's set, or None.
         floor_confidence: the probability under which the floor acts.
     """
 
     decision: SetDecision
-    set_msrs: torch.Tensor
-    full_heads: torch.Tensor
-    total_heads: int
+    head_sets: torch.Tensor
     floor_set: int | None
     floor_confidence: float
+
+    @property
+    def full_heads(self) -> torch.Tensor:
+        """[C] each set's number of full-attention (routed layer, KV head) pairs."""
+        return self.head_sets.sum(dim=(1, 2)).long()
+
+    @property
+    def set_msrs(self) -> torch.Tensor:
+        """[C] each set's MSR (its share of sparse pairs)."""
+        return set_msrs(self.head_sets)
+
+    @property
+    def total_heads(self) -> int:
+        """The number of (routed layer, KV head) pairs."""
+        return self.head_sets[0].numel()
 
     def line(self, sequence: int = 0) -> str:
         """One line saying which set ``sequence`` runs, its MSR and full heads, the probability it was chosen with,

@@ -185,9 +185,7 @@ class ModelRouting:
         head_sets = None
         if self.set_decision is not None and self.forced is None:
             router = self.routers[self.routed_layers[0]]
-            head_sets = HeadSetReport(decision=self.set_decision, set_msrs=router.set_msrs().float().cpu(),
-                                      full_heads=router.head_sets.sum(dim=(1, 2)).long().cpu(),
-                                      total_heads=router.head_sets[0].numel(),
+            head_sets = HeadSetReport(decision=self.set_decision, head_sets=router.head_sets,
                                       floor_set=router.floor_set, floor_confidence=router.floor_confidence)
         return RoutingReport(layers=self.routed_layers, rows=layout.row.clone(), z=z, msr=1.0 - z.mean(dim=(1, 2)),
                              esr_per_layer=esr, head_sets=head_sets)

@@ -19,6 +19,12 @@ from elastic_attention.router.router import AttentionRouter
 from elastic_attention.router.sampling import gumbel_noise, straight_through_one_hot
 
 
+def set_msrs(head_sets: torch.Tensor) -> torch.Tensor:
+    """[C] float64: the MSR of each of the sets [C, routed layers, Hkv] (1 = full attention), the share of its
+    (routed layer, KV head) entries on sparse attention."""
+    return 1.0 - head_sets.double().mean(dim=(1, 2))
+
+
 @dataclass(frozen=True)
 class SetDecision:
     """What a `HeadSetRouter` decided for each of N prompts at inference.
@@ -144,7 +150,7 @@ class HeadSetRouter(AttentionRouter):
 
     def set_msrs(self) -> torch.Tensor:
         """[C] float64: each set's MSR, the share of its (routed layer, KV head) entries on sparse attention."""
-        return 1.0 - self.head_sets.double().mean(dim=(1, 2))
+        return set_msrs(self.head_sets)
 
     def decisions(self, choice: torch.Tensor, position: int) -> torch.Tensor:
         """[N, Hkv] float32 decisions of the ``position``-th routed layer (1.0 = full attention) under ``choice``
