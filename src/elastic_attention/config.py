@@ -51,6 +51,16 @@ class ElasticConfig:
         floor_confidence: with ``floor_set``, a prompt whose chosen set is sparser than the floor set and was chosen
             with a probability below this runs the most probable set that is no sparser than the floor set; in
             [0, 1] (0: the floor never acts). Calibrated on validation rows (`router.floor.floor_threshold`).
+        signal_layer: with ``head_set_choices`` C, the routed layer whose retrieval signal chooses the set
+            (`SignalSetRouter`: no learned weights) instead of a `HeadSetRouter` reading pooled keys; the sets agree
+            on the routed layers before it. ``None``: a `HeadSetRouter`.
+        signal_thresholds: with ``signal_layer``, the C - 1 thresholds on the signal, strictly decreasing in
+            [0, 1]: a prompt with signal >= the first runs set 0 (the densest), ..., one below the last the sparsest
+            set. Calibrated on validation rows; the last is the safety floor (a prompt above it never runs the
+            sparsest set).
+        signal_queries: with ``signal_layer``, how many of the prompt's last queries the signal measures.
+        signal_statistic: with ``signal_layer``, ``"mean"`` or ``"max"``: how a KV head's signal summarizes the
+            hidden mass of its query heads and measured queries (`router.retrieval_signal`).
     """
 
     configuration: str = "fa-ssa"
@@ -67,6 +77,10 @@ class ElasticConfig:
     head_set_choices: int | None = None
     floor_set: int | None = None
     floor_confidence: float = 0.0
+    signal_layer: int | None = None
+    signal_thresholds: tuple[float, ...] | None = None
+    signal_queries: int = 64
+    signal_statistic: str = "mean"
 
     def __post_init__(self) -> None:
         if self.configuration not in CONFIGURATIONS:
@@ -109,6 +123,34 @@ class ElasticConfig:
         if self.head_set_choices is not None:
             _require_int("head_set_choices", self.head_set_choices, minimum=2)
         self._check_floor()
+        self._check_signal()
+
+    def _check_signal(self) -> None:
+        _require_int("signal_queries", self.signal_queries, minimum=1)
+        if self.signal_statistic not in ("mean", "max"):
+            raise ConfigError(f"`signal_statistic` must be 'mean' or 'max', got {self.signal_statistic!r}")
+        if self.signal_layer is None:
+            if self.signal_thresholds is not None:
+                raise ConfigError("`signal_thresholds` needs `signal_layer`, the layer whose signal they split")
+            return
+        _require_int("signal_layer", self.signal_layer, minimum=0)
+        if self.head_set_choices is None:
+            raise ConfigError("`signal_layer` chooses among head sets: set `head_set_choices` too")
+        if self.floor_set is not None:
+            raise ConfigError("a signal router's last threshold is its safety floor: leave `floor_set` unset")
+        thresholds = self.signal_thresholds
+        if thresholds is None or isinstance(thresholds, (str, bytes)):
+            raise ConfigError(f"`signal_layer` needs `signal_thresholds`: {self.head_set_choices - 1} numbers")
+        thresholds = tuple(thresholds)
+        if len(thresholds) != self.head_set_choices - 1 or any(
+                isinstance(value, bool) or not isinstance(value, (int, float)) for value in thresholds):
+            raise ConfigError(f"`signal_thresholds` must be {self.head_set_choices - 1} numbers (one fewer than "
+                              f"`head_set_choices`), got {list(thresholds)!r}")
+        values = tuple(float(value) for value in thresholds)
+        if any(not 0.0 <= value <= 1.0 for value in values) or any(
+                later >= earlier for earlier, later in zip(values, values[1:])):
+            raise ConfigError(f"`signal_thresholds` must be strictly decreasing values in [0, 1], got {list(values)}")
+        object.__setattr__(self, "signal_thresholds", values)
 
     def _check_floor(self) -> None:
         if isinstance(self.floor_confidence, bool) or not isinstance(self.floor_confidence, (int, float)) \
@@ -146,8 +188,9 @@ class ElasticConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form with a ``format_version`` key."""
         data = dataclasses.asdict(self)
-        if data["routed_layers"] is not None:
-            data["routed_layers"] = list(data["routed_layers"])
+        for name in ("routed_layers", "signal_thresholds"):
+            if data[name] is not None:
+                data[name] = list(data[name])
         return {"format_version": FORMAT_VERSION, **data}
 
     @classmethod
@@ -163,8 +206,9 @@ class ElasticConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown elastic config fields {unknown}; known fields are {sorted(known)}")
-        if data.get("routed_layers") is not None:
-            data["routed_layers"] = tuple(data["routed_layers"])
+        for name in ("routed_layers", "signal_thresholds"):
+            if isinstance(data.get(name), list):
+                data[name] = tuple(data[name])
         return cls(**data)
 
     def to_json(self) -> str:

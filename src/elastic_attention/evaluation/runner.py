@@ -102,6 +102,11 @@ class CellResult:
         seconds: wall-clock time of the cell.
         head_full_share: [routed layers][Hkv] share of the rows that routed each KV head to full attention.
         predictions: the decoded answer of each row, in row order (for reading the misses).
+        row_accuracy: each row's score, in row order.
+        set_shares: with a head-set or signal router choosing (elastic mode), the share of the rows that ran each
+            of its sets; else None.
+        row_sets: with such a router, the set each row ran; else None.
+        row_signals: with a `SignalSetRouter`, the retrieval signal each row was routed by; else None.
     """
 
     mode: str
@@ -117,6 +122,10 @@ class CellResult:
     seconds: float
     head_full_share: list[list[float]]
     predictions: list[str] = field(default_factory=list)
+    row_accuracy: list[float] = field(default_factory=list)
+    set_shares: list[float] | None = None
+    row_sets: list[int] | None = None
+    row_signals: list[float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -132,10 +141,12 @@ def evaluate_rows(model: nn.Module, tokenizer, rows: list[Row], batch_size: int 
 
     Returns:
         ``{"accuracy": [...], "exact": [...], "prediction": [...], "msr": [...], "esr_last": [...],
-        "esr_mean": [...], "decisions": [...]}``, one entry per row (decisions as [routed layers, Hkv] bool tensors).
+        "esr_mean": [...], "decisions": [...], "sets": [...], "signals": [...]}``, one entry per row (decisions as
+        [routed layers, Hkv] bool tensors; the set a head-set or signal router chose and the retrieval signal a signal
+        router read, None where there is none).
     """
     device = next(model.parameters()).device
-    keys = ("accuracy", "exact", "prediction", "msr", "esr_last", "esr_mean", "decisions")
+    keys = ("accuracy", "exact", "prediction", "msr", "esr_last", "esr_mean", "decisions", "sets", "signals")
     results: dict[str, list] = {key: [] for key in keys}
     for start in range(0, len(rows), batch_size):
         batch_rows = rows[start : start + batch_size]
@@ -168,6 +179,10 @@ def evaluate_rows(model: nn.Module, tokenizer, rows: list[Row], batch_size: int 
         results["esr_last"].extend(report.esr_last.tolist())
         results["esr_mean"].extend(report.esr_mean.tolist())
         results["decisions"].extend(report.decisions.cpu())
+        decision = None if report.head_sets is None else report.head_sets.decision
+        results["sets"].extend([None] * len(batch_rows) if decision is None else decision.choice.tolist())
+        signals = None if decision is None or decision.signal is None else decision.signal.tolist()
+        results["signals"].extend([None] * len(batch_rows) if signals is None else signals)
     return results
 
 
@@ -247,6 +262,8 @@ def run_evaluation(
                         seconds=time.perf_counter() - started,
                         head_full_share=torch.stack(cell["decisions"]).float().mean(0).tolist(),
                         predictions=cell["prediction"],
+                        row_accuracy=cell["accuracy"],
+                        **_set_fields(model, cell),
                     )
                     results.append(result)
                     if on_cell is not None:
@@ -254,6 +271,17 @@ def run_evaluation(
     finally:
         force_routing(model, None)
     return results
+
+
+def _set_fields(model: nn.Module, cell: dict) -> dict:
+    """A cell's ``set_shares``, ``row_sets`` and ``row_signals`` (`CellResult`), from its rows' choices."""
+    if not cell["sets"] or cell["sets"][0] is None:
+        return {}
+    report = routing_report(model).head_sets
+    choices = len(report.set_msrs)
+    shares = [sum(choice == index for choice in cell["sets"]) / len(cell["sets"]) for index in range(choices)]
+    signals = cell["signals"] if cell["signals"][0] is not None else None
+    return {"set_shares": shares, "row_sets": cell["sets"], "row_signals": signals}
 
 
 def _mean(values: list[float]) -> float:

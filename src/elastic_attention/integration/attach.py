@@ -32,6 +32,7 @@ from elastic_attention.integration.attention_function import (
 from elastic_attention.integration.routing import build_routers
 from elastic_attention.integration.runtime import ElasticRuntime
 from elastic_attention.router import AttentionRouter
+from elastic_attention.router.signal_router import SignalSetRouter
 
 logger = logging.getLogger(__name__)
 
@@ -321,8 +322,12 @@ def force_head_set(model: nn.Module, index: int | None) -> None:
         ConfigError: the model's routers decide each KV head (no head sets), or ``index`` is not one of its sets.
     """
     routing = runtime_of(model).routing
-    choices = routing.routers[routing.routed_layers[0]].choices
+    router = routing.routers[min(routing.routers)]
+    choices = router.choices
     if index is not None:
+        if isinstance(router, SignalSetRouter):
+            raise ConfigError("force_head_set serves training a HeadSetRouter; this model's SignalSetRouter has no "
+                              "weights: use force_routing to run one of its sets")
         if not choices:
             raise ConfigError("force_head_set needs a head-set router (`head_set_choices`); this model's routers "
                               "decide each KV head: use force_routing")

@@ -19,12 +19,14 @@ class HeadSetReport:
         head_sets: [C, routed layers, Hkv] the router's sets, 1.0 where a set runs full attention.
         floor_set: the safety floor's set, or None.
         floor_confidence: the probability under which the floor acts.
+        thresholds: with a `SignalSetRouter`, its thresholds on the retrieval signal (densest set first); else None.
     """
 
     decision: SetDecision
     head_sets: torch.Tensor
     floor_set: int | None
     floor_confidence: float
+    thresholds: tuple[float, ...] | None = None
 
     @property
     def full_heads(self) -> torch.Tensor:
@@ -49,6 +51,10 @@ class HeadSetReport:
         probabilities = decision.probabilities[sequence]
         text = (f"head set {choice} of {len(self.set_msrs)}: MSR {float(self.set_msrs[choice]):.2f}, "
                 f"{int(self.full_heads[choice])} of {self.total_heads} KV heads full")
+        if self.thresholds is not None and decision.signal is not None:
+            bands = ", ".join(f"set {index} from {value:.3f}" for index, value in enumerate(self.thresholds))
+            return (f"{text}; retrieval signal {float(decision.signal[sequence]):.3f} ({bands}, set "
+                    f"{len(self.thresholds)} below; the last threshold is the safety floor)")
         if choice != preferred:
             return (f"{text}; the safety floor moved it from set {preferred} (MSR "
                     f"{float(self.set_msrs[preferred]):.2f}, probability {float(probabilities[preferred]):.2f} < "

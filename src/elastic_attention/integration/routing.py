@@ -17,11 +17,13 @@ from collections.abc import Callable
 import torch
 
 from elastic_attention.config import ElasticConfig
-from elastic_attention.errors import InputError
+from elastic_attention.errors import ConfigError, InputError
 from elastic_attention.integration.report import HeadSetReport, RoutingReport
 from elastic_attention.patterns import SequenceLayout
 from elastic_attention.router import AttentionRouter, HeadSetRouter, boundary_pool, is_retrieval
 from elastic_attention.router.head_set_router import SetDecision
+from elastic_attention.router.retrieval_signal import retrieval_signal
+from elastic_attention.router.signal_router import SignalSetRouter
 
 
 def build_routers(config: ElasticConfig, routed_layers: tuple[int, ...], head_dim: int,
@@ -30,7 +32,8 @@ def build_routers(config: ElasticConfig, routed_layers: tuple[int, ...], head_di
     decides which router type a configuration gets.
 
     ``config.head_set_choices`` C gives one `HeadSetRouter` in the first routed layer, choosing among C sets that
-    cover every routed layer; otherwise one `AttentionRouter` per routed layer decides each KV head of its layer.
+    cover every routed layer (with ``config.signal_layer``: one `SignalSetRouter` in that layer); otherwise one
+    `AttentionRouter` per routed layer decides each KV head of its layer.
 
     Args:
         config: the configuration (router width, standardizing, head sets, safety floor).
@@ -40,7 +43,16 @@ def build_routers(config: ElasticConfig, routed_layers: tuple[int, ...], head_di
 
     Returns:
         Layer index -> router (new, on the CPU, in training mode).
+
+    Raises:
+        ConfigError: ``config.signal_layer`` is not a routed layer.
     """
+    if config.signal_layer is not None:
+        if config.signal_layer not in routed_layers:
+            raise ConfigError(f"`signal_layer` {config.signal_layer} is not a routed layer of this model "
+                              f"(routed: {list(routed_layers)})")
+        return {config.signal_layer: SignalSetRouter(num_kv_heads, config.signal_thresholds, len(routed_layers),
+                                                     routed_layers.index(config.signal_layer))}
     if config.head_set_choices:
         return {routed_layers[0]: HeadSetRouter(
             head_dim, config.router_width, num_kv_heads, config.head_set_choices, len(routed_layers),
@@ -79,8 +91,10 @@ class ModelRouting:
         self.forced: torch.Tensor | None = None
         self.decisions: dict[int, torch.Tensor] = {}
         self._outputs: dict[int, torch.Tensor] = {}  # the routers' outputs in this prefill, by the layer each reads
-        # routed layer -> the layer of the router that decides it: the nearest router at or before it
-        self._readers = {layer: max(index for index in routers if index <= layer) for layer in self.routed_layers}
+        # routed layer -> the layer of the router that decides it: the nearest router at or before it (a
+        # `SignalSetRouter` also decides the routed layers before its own, where its sets agree)
+        self._readers = {layer: max((index for index in routers if index <= layer), default=min(routers))
+                         for layer in self.routed_layers}
         self.set_decision: SetDecision | None = None
         self.forced_set: int | None = None
         self.set_router_input: torch.Tensor | None = None
@@ -120,7 +134,8 @@ class ModelRouting:
             layout: the sequences of this forward.
 
         Returns:
-            [N, Hkv] float32 decisions (also kept in ``decisions``).
+            [N, Hkv] float32 decisions (also kept in ``decisions``); None for the decision layer of a
+            `SignalSetRouter`, which is decided from its queries and keys (`route_signal`).
         """
         position = self.routed_layers.index(layer_index)
         if self.forced is not None:
@@ -128,6 +143,12 @@ class ModelRouting:
         else:
             reader = self._readers[layer_index]
             router = self.routers[reader]
+            if isinstance(router, SignalSetRouter) and layer_index < reader:
+                z = router.prefix_decisions(position).to(keys.device).expand(layout.num_sequences, -1)
+                self.decisions[layer_index] = z
+                return z
+            if self.routes_in_attention(layer_index):
+                return None
             if layer_index == reader and self.forced_set is not None:
                 self._outputs[reader] = self._score_forced_set(router, keys, layout)
             elif layer_index == reader:
@@ -136,6 +157,40 @@ class ModelRouting:
             elif reader not in self._outputs:
                 raise InputError(f"layer {layer_index} routes before layer {reader}, whose router decides it")
             z = router.decisions(self._outputs[reader], position)
+        self.decisions[layer_index] = z
+        return z
+
+    def routes_in_attention(self, layer_index: int) -> bool:
+        """True for the decision layer of a `SignalSetRouter` when the routers decide: the layer is routed from its
+        queries and keys (`route_signal`), not from its pooled keys."""
+        router = self.routers.get(layer_index)
+        return self.forced is None and isinstance(router, SignalSetRouter)
+
+    def route_signal(self, layer_index: int, query: torch.Tensor, key: torch.Tensor, layout: SequenceLayout,
+                     scale: float) -> torch.Tensor:
+        """Decide a `SignalSetRouter`'s layer at a prefill from its `retrieval_signal`.
+
+        Args:
+            layer_index: the router's decision layer.
+            query: [B, Hq, S, D] the layer's queries; key: [B, Hkv, S, D] its keys (both after position encoding).
+            layout: the sequences of this forward.
+            scale: the softmax scale.
+
+        Returns:
+            [N, Hkv] float32 decisions (also kept in ``decisions``).
+        """
+        if self.forced_set is not None:
+            raise InputError("a signal router has no weights to train: forcing one of its sets is not supported")
+        router = self.routers[layer_index]
+        config = self.config
+        with torch.no_grad():
+            signal = retrieval_signal(query, key, layout, scale, queries=config.signal_queries,
+                                      block_size=config.block_size, sink_tokens=config.sink_tokens,
+                                      local_tokens=config.local_tokens, statistic=config.signal_statistic,
+                                      prompt_lengths=self._prompt_lengths)
+        self._outputs[layer_index] = router(signal)
+        self.set_decision = router.last_decision
+        z = router.decisions(self._outputs[layer_index], self.routed_layers.index(layer_index))
         self.decisions[layer_index] = z
         return z
 
@@ -175,8 +230,9 @@ class ModelRouting:
         self.decisions = {layer: z.index_select(0, index.to(z.device)) for layer, z in self.decisions.items()}
         if self.set_decision is not None:
             decision = self.set_decision
-            self.set_decision = SetDecision(*(part.index_select(0, index.to(part.device)) for part in
-                                              (decision.choice, decision.probabilities, decision.preferred)))
+            self.set_decision = SetDecision(*(None if part is None else part.index_select(0, index.to(part.device))
+                                              for part in (decision.choice, decision.probabilities,
+                                                           decision.preferred, decision.signal)))
 
     def report(self, layout: SequenceLayout, sparsity: dict[int, torch.Tensor]) -> RoutingReport:
         """The `RoutingReport` of the last prefill, given each routed layer's ESR per sequence ([N] each)."""
@@ -184,9 +240,10 @@ class ModelRouting:
         esr = torch.stack([sparsity[index] for index in self.routed_layers], dim=1)
         head_sets = None
         if self.set_decision is not None and self.forced is None:
-            router = self.routers[self.routed_layers[0]]
+            (router,) = self.routers.values()  # a head-set or signal router is the model's only router
             head_sets = HeadSetReport(decision=self.set_decision, head_sets=router.head_sets,
-                                      floor_set=router.floor_set, floor_confidence=router.floor_confidence)
+                                      floor_set=router.floor_set, floor_confidence=router.floor_confidence,
+                                      thresholds=getattr(router, "thresholds", None))
         return RoutingReport(layers=self.routed_layers, rows=layout.row.clone(), z=z, msr=1.0 - z.mean(dim=(1, 2)),
                              esr_per_layer=esr, head_sets=head_sets)
 

@@ -262,7 +262,7 @@ class ElasticRuntime:
         else:
             keys = output.transpose(1, 2) if layout_of_keys == "heads_tokens" else output
         z = self.routing.route(layer_index, keys, layout)
-        if self.cache is not None:
+        if z is not None and self.cache is not None:  # None: routed in `attention`, from its queries and keys
             self.cache.route_layer(layer_index, self.routing.streaming(z))
 
     def after_decoder(self, decoder: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -312,6 +312,10 @@ class ElasticRuntime:
             return self.hybrid.continue_tokens(
                 query, key, value, layout, lambda n: self.routing.streaming_heads(layer_index, n), scale, sinks
             )
+        if self.routing.routes_in_attention(layer_index):
+            z = self.routing.route_signal(layer_index, query, key, layout, scale)
+            if self.cache is not None:
+                self.cache.route_layer(layer_index, self.routing.streaming(z))
         output = self.hybrid.prefill(query, key, value, layout, self.decisions.get(layer_index), layer_index, scale,
                                      sinks)
         if self.cache is not None:

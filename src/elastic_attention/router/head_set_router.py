@@ -33,11 +33,14 @@ class SetDecision:
         choice: [N] int64, the set each prompt runs.
         probabilities: [N, C] float32, the router's probabilities over the sets.
         preferred: [N] int64, the most probable set (``choice`` unless the safety floor acted).
+        signal: with a `SignalSetRouter`, [N] float32 the retrieval signal each prompt was routed by (its
+            ``probabilities`` are then the one-hot choice); None for a `HeadSetRouter`.
     """
 
     choice: torch.Tensor
     probabilities: torch.Tensor
     preferred: torch.Tensor
+    signal: torch.Tensor | None = None
 
     @property
     def floor_acted(self) -> torch.Tensor:

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU part of this study, on the device, once the real model is at $MODEL (benchmarks/device.sh real-model):
+#
+#   OUT=$OUT bash studies/signal_router/device_job.sh start   # one background chain (it outlives the call)
+#   OUT=$OUT LIMIT=500 bash studies/signal_router/device_job.sh wait   # until it finishes or LIMIT s pass; what it
+#                                                                       # wrote so far comes back in $OUT
+#
+# Rows travel as row cells in $CELLS (a .tgz staged beside the model parts, tree hidden): broad/ and code_val/ (validation, seed 777), ruler/ and code/
+# (the held-out table's rows, seed 0). The chain:
+#   1. validation, side by side: the signal features of every validation row with the floor set running
+#      (features.py), and the code suite's validation cells under full, all-SSA and the floor set (eval)
+#   2. select_router.py: the router chosen by the declared rule on those rows alone (adapter + selection.json)
+#   3. the held-out table, side by side: RULER 8K/16K and the code suite 8K/16K (50 rows a cell), RULER 4K/32K
+#      (20 rows), each under full, elastic (the chosen router), all-SSA and the floor set's search path at elastic's
+#      average MSR (heads); then the signal features of the RULER and code rows (what each input predicts there)
+set -uo pipefail
+MODEL=${MODEL:-/tmp/qwen2.5-coder-1.5b-instruct}
+SHIPPED=${SHIPPED:-src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct}
+HEAD_SET=${HEAD_SET:-benchmarks/results/real_model_1.5b_head_set_search_2026-12-03.json}
+CELLS=${CELLS:-$HOME/rmstage/cells.tgz}
+RUN=${RUN:-/tmp/signal_router}
+LIMIT=${LIMIT:-540}
+OUT=${OUT:?set OUT}
+export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+case "${1:-}" in
+  start)
+    [ -f "$MODEL/config.json" ] || { echo "no model at $MODEL"; exit 3; }
+    rm -rf "$RUN" && mkdir -p "$RUN/cells" && cp -r src studies "$HEAD_SET" "$RUN/"
+    cp -r "$SHIPPED" "$RUN/shipped"
+    tar xzf "$CELLS" -C "$RUN/cells"
+    cd "$RUN"
+    c=$RUN/cells heads=$RUN/$(basename "$HEAD_SET") study=$RUN/studies/signal_router
+    cli="python3 -m elastic_attention.cli"
+    cat > chain.sh <<CHAIN
+set -u
+cd $RUN
+export PYTHONPATH=$RUN/src:$study
+python3 $study/features.py --model $MODEL --head-set $heads --cells $c/broad $c/code_val --seed 777 --samples 12 \
+  --out features_val.jsonl > features_val.log 2>&1 &
+$cli eval --model $MODEL --router $RUN/shipped --suite code --tasks all --lengths 8k,16k --samples 12 --seed 777 \
+  --rows $c/code_val --modes full,sparse,heads@0.5 --head-set $heads --out code_val > code_val.log 2>&1 &
+wait
+python3 $study/select_router.py --features features_val.jsonl --scores $study/results/broad_validation_scores.json \
+  --eval code_val/eval.json --head-set $heads --model $MODEL --out selected > select.log 2>&1 || exit 1
+table() { $cli eval --model $MODEL --router $RUN/selected/adapter --modes full,elastic,sparse,heads --head-set $heads \
+  "\$@" > \$(echo "\$@" | sed 's/.*--out //').log 2>&1; }
+table --suite ruler --tasks all --lengths 8k --samples 50 --rows $c/ruler --out ruler_8k &
+table --suite ruler --tasks all --lengths 16k --samples 50 --rows $c/ruler --out ruler_16k &
+table --suite code --tasks all --lengths 8k,16k --samples 50 --rows $c/code --out code_8k_16k &
+table --suite ruler --tasks all --lengths 4k,32k --samples 20 --rows $c/ruler --out ruler_4k_32k &
+python3 $study/features.py --model $MODEL --head-set $heads --cells $c/ruler $c/code --seed 0 --samples 20 \
+  --out features_heldout.jsonl > features_heldout.log 2>&1 &
+wait
+CHAIN
+    setsid nohup bash chain.sh > chain.log 2>&1 < /dev/null &
+    echo \$! > chain.pid
+    sleep 30
+    tail -n 2 "$RUN"/*.log | tr '\r' '\n' | grep -v '^$' | tail -n 12 | cut -c1-300 ;;
+  wait)
+    start=$(date +%s)
+    while [ $(( $(date +%s) - start )) -lt "$LIMIT" ]; do
+      pgrep -f "bash chain.sh" > /dev/null || break
+      sleep 10
+    done
+    cd "$RUN"
+    for log in *.log; do echo "== $log"; tr '\r' '\n' < "$log" | grep -v '^$' | tail -n 2 | cut -c1-300; done
+    tar czf "$OUT/signal_router.tgz" --exclude=cells --exclude=src --exclude=studies --exclude=shipped \
+      --exclude='*.json' --exclude=chain.sh . 2>/dev/null
+    tar czf "$OUT/signal_router_json.tgz" selected/selection.json selected/adapter */eval.json 2>/dev/null
+    ls -la "$OUT"
+    pgrep -f "bash chain.sh" > /dev/null || echo finished ;;
+  *)
+    echo "usage: OUT=... bash studies/signal_router/device_job.sh start|wait"; exit 2 ;;
+esac
