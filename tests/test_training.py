@@ -823,3 +823,67 @@ def test_schedule_position_spreads_what_the_budget_leaves_over_the_steps():
     assert schedule_position(2, 10, 75.0, 100.0, 40.0, pending_first_visit_seconds=10.0) == 7.0  # 35 s of 50
     # first visits alone would spend the budget: the share of it spent, not the end at once
     assert schedule_position(1, 100, 11.0, 400.0, 10.0, pending_first_visit_seconds=490.0) == 2.75
+
+
+def test_fresh_rows_give_every_epoch_rows_no_other_epoch_had(tmp_path, random_suite_backbone):
+    """Oracle: the suite's own rows at each epoch's seed (seed + e * 1000003), packed the same way: epoch e's packs
+    hold exactly those, no row repeats across epochs, and without fresh_rows every epoch repeats epoch 0's packs."""
+    from elastic_attention.evaluation.suites import get_suite
+    from elastic_attention.rows import encode_row
+    from elastic_attention.training.data import EPOCH_SEED_STRIDE
+
+    config = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "fresh", steps=5,
+                                                data={"tasks": ["needle_single", "local_recall"], "lengths": [200],
+                                                      "rows": 4, "budget": 400, "seed": 5, "fresh_rows": True}))
+    trainer = RouterTrainer(config, progress=False)
+    trainer.setup()
+    per_epoch = len(trainer.packs)
+    suite = get_suite("synthetic")
+    seen = set()
+    for epoch in range(3):
+        seed = 5 + epoch * EPOCH_SEED_STRIDE
+        rows = [row for index in range(2) for row in
+                [suite.generate(task, 200, seed, 2, trainer.tokenizer)[index] for task in ("needle_single",
+                                                                                           "local_recall")]]
+        expected = sorted(tuple(encode_row(trainer.tokenizer, row).prompt_ids) for row in rows)
+        packs = trainer.epochs.of(epoch)
+        got = sorted(tuple(ids) for pack in packs for ids in _prompts_of(pack))
+        assert got == expected
+        assert not seen & set(got)
+        seen |= set(got)
+    for step in range(4):  # packs_per_step 2: each pack of a step from its position's epoch
+        for offset, pack in enumerate(trainer.step_packs(step)):
+            assert any(pack is other for other in trainer.epochs.of((2 * step + offset) // per_epoch))
+    summary = trainer.train()
+    assert summary["steps"] == 5
+    trainer.cleanup()
+
+    repeated = TrainConfig.from_yaml(write_config(tmp_path, random_suite_backbone, "repeated",
+                                                  data={"tasks": ["needle_single", "local_recall"], "lengths": [200],
+                                                        "rows": 4, "budget": 400, "seed": 5}))
+    again = RouterTrainer(repeated, progress=False)
+    again.setup()
+    assert all(again.epochs.of(epoch) is again.packs for epoch in range(3))
+    again.cleanup()
+
+
+def _prompts_of(pack):
+    """Each sample's prompt ids in a pack."""
+    ids = pack.input_ids.view(-1).tolist()
+    return [ids[start : start + prompt_length] for start, _, prompt_length in pack.spans]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"data": {"source": "rows.jsonl", "fresh_rows": True}}, "is a row file"),
+    ({"data": {"fresh_rows": True}, "head_set_objective": "expected", "elastic": {"head_set_choices": 2}},
+     "no pack is visited twice"),
+    ({"data": {"fresh_rows": True}, "lm_loss": "distillation"}, "teacher_cache: false"),
+    ({"elastic": {"head_set_choices": 2, "signal_layer": 1, "signal_thresholds": [0.2]}}, "no weights to train"),
+])
+def test_fresh_rows_and_signal_routers_refuse_what_they_cannot_train(extra, message):
+    from elastic_attention.training.train_config import DataConfig
+
+    if "data" in extra:
+        extra = {**extra, "data": DataConfig(**extra["data"])}
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(model="m", **extra)

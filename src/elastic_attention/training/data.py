@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +45,43 @@ class Pack:
     def prompt_lengths(self) -> list[int]:
         """The prompt length of each sample: what the routers pool (they never see the answer)."""
         return [prompt_length for _, _, prompt_length in self.spans]
+
+
+#: Seed stride between the epochs of ``data.fresh_rows``: epoch e draws its rows at ``seed + e * EPOCH_SEED_STRIDE``.
+EPOCH_SEED_STRIDE = 1_000_003
+
+
+class EpochPacks:
+    """The packs of each epoch: the first epoch's for every epoch, or, given ``build``, each epoch's own (built when
+    first asked; the last two kept, as a step may straddle two epochs).
+
+    Args:
+        first: epoch 0's packs.
+        build: epoch -> its packs, or None (every epoch repeats the first).
+    """
+
+    def __init__(self, first: list[Pack], build: Callable[[int], list[Pack]] | None = None) -> None:
+        self.first = first
+        self.build = build
+        self._built: dict[int, list[Pack]] = {}
+
+    def of(self, epoch: int) -> list[Pack]:
+        """Epoch ``epoch``'s packs, as many as the first epoch's.
+
+        Raises:
+            InputError: the epoch's rows packed into another number of packs than the first epoch's.
+        """
+        if self.build is None or epoch == 0:
+            return self.first
+        if epoch not in self._built:
+            packs = self.build(epoch)
+            if len(packs) != len(self.first):
+                raise InputError(f"epoch {epoch}'s fresh rows make {len(packs)} packs, epoch 0's {len(self.first)}: "
+                                 "give data.lengths whose rows pack alike (a budget that is a multiple of each "
+                                 "length), or turn data.fresh_rows off")
+            self._built = {index: value for index, value in self._built.items() if index == epoch - 1}
+            self._built[epoch] = packs
+        return self._built[epoch]
 
 
 def pack_rows(

@@ -69,6 +69,9 @@ class DataConfig:
         budget: tokens per pack.
         answer_only: labels on answer tokens only; else on the whole sample.
         on_overlong: ``"error"`` or ``"skip"`` for rows longer than the budget.
+        fresh_rows: suites only: every epoch draws rows no epoch saw (epoch e: the suite at ``seed + e * 1000003``;
+            epoch 0: at ``seed``), packed alike (each epoch must give as many packs as the first). Off: every epoch
+            repeats the first epoch's rows, reshuffled.
     """
 
     source: str = "suite"
@@ -79,6 +82,7 @@ class DataConfig:
     budget: int = 4096
     answer_only: bool = True
     on_overlong: str = "error"
+    fresh_rows: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,11 @@ class TrainConfig:
             raise ConfigError(
                 f"`initial_full_probability` must be in (0, 1) or null, got {self.initial_full_probability}"
             )
+        if self.elastic.get("signal_layer") is not None:
+            raise ConfigError("`elastic.signal_layer` makes a SignalSetRouter, which has no weights to train: "
+                              "calibrate its thresholds on validation rows (docs/guide-evaluate.md)")
+        if self.data.fresh_rows:
+            self._check_fresh_rows()
         if (self.elastic.get("head_set_choices") or self.head_set_choices_msrs is not None
                 or self.head_set_choices_extra):
             self._check_head_set_choices()
@@ -289,6 +298,19 @@ class TrainConfig:
                 raise ConfigError("`initial_router` starts the routers from an adapter, `initial_full_probability` and "
                                   "`initial_full_heads` from a bias: set one of them (null the others)")
             self._check_initial_router()
+
+    def _check_fresh_rows(self) -> None:
+        """``data.fresh_rows`` draws from a suite, and no per-pack cache is asked for (no pack is seen twice)."""
+        if self.data.source not in SUITE_SOURCES:
+            raise ConfigError(f"`data.fresh_rows` draws new rows from a suite each epoch; `data.source` "
+                              f"{self.data.source!r} is a row file: set it to one of {sorted(SUITE_SOURCES)}")
+        if self.head_set_objective == "expected" or self.set_losses_file is not None:
+            raise ConfigError("`head_set_objective: expected` keeps each pack's losses under every set for its later "
+                              "visits, and with `data.fresh_rows` no pack is visited twice: use the sampled objective "
+                              "or turn fresh_rows off")
+        if self.lm_loss == "distillation" and self.teacher_cache:
+            raise ConfigError("`teacher_cache` keeps each pack's teacher for its later visits, and with "
+                              "`data.fresh_rows` no pack is visited twice: set `teacher_cache: false`")
 
     def _check_head_set_choices(self) -> None:
         """``elastic.head_set_choices`` and ``head_set_choices_msrs`` (with ``head_set_choices_extra``) agree, and

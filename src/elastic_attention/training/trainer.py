@@ -44,7 +44,7 @@ from elastic_attention.training.train_config import SUITE_SOURCES, SUITE_TARGETS
 from elastic_attention.training.plots import plot_training, write_plot
 from elastic_attention.training.distributed import distributed_rank, is_sharded, shard_backbone, training_device
 from elastic_attention.rows import encode_row
-from elastic_attention.training.data import Pack, load_rows, pack_rows
+from elastic_attention.training.data import EPOCH_SEED_STRIDE, EpochPacks, Pack, load_rows, pack_rows
 # supervised_loss and supervised_token_losses are imported from here too
 from elastic_attention.training.losses import (  # noqa: F401
     LM_LOSSES,
@@ -138,6 +138,7 @@ class RouterTrainer:
             betas=(0.9, 0.95),
         )
         self.packs = self._build_packs()
+        self.epochs = EpochPacks(self.packs, self._build_packs if config.data.fresh_rows else None)
         self.lm_loss = LM_LOSSES[config.lm_loss]
         self.teacher_cache = None
         #: ``head_set_objective: expected``: id(pack) -> `_pack_under_each_set`'s result. The backbone is frozen and
@@ -253,14 +254,16 @@ class RouterTrainer:
         (router,) = routers_of(self.model).values()
         return router.head_sets
 
-    def _build_packs(self) -> list[Pack]:
+    def _build_packs(self, epoch: int = 0) -> list[Pack]:
+        """The packs of the data's rows; suites draw epoch ``epoch``'s rows (`EpochPacks`)."""
         data = self.config.data
         if data.source in SUITE_SOURCES:
             from elastic_attention.evaluation.suites import get_suite
 
             suite = get_suite(SUITE_SOURCES[data.source])
             per_cell = math.ceil(data.rows / (len(data.tasks) * len(data.lengths)))
-            cells = [suite.generate(task, length, data.seed, per_cell, self.tokenizer)
+            seed = data.seed + epoch * EPOCH_SEED_STRIDE
+            cells = [suite.generate(task, length, seed, per_cell, self.tokenizer)
                      for length in data.lengths for task in data.tasks]
             rows = [cell[index] for index in range(per_cell) for cell in cells][: data.rows]
         else:
@@ -277,6 +280,12 @@ class RouterTrainer:
         return packs
 
     # -- training ----------------------------------------------------------------------------------------------
+
+    def step_packs(self, step: int) -> list[Pack]:
+        """The packs of ``step``, in `pack_order`'s order, each from its epoch's rows (`EpochPacks`)."""
+        first = step * self.config.packs_per_step
+        return [self.epochs.of((first + offset) // len(self.packs))[index]
+                for offset, index in enumerate(self.pack_order(step))]
 
     def pack_order(self, step: int) -> list[int]:
         """Global pack indices of ``step``: an epoch-wise permutation seeded by (seed, epoch)."""
@@ -308,7 +317,7 @@ class RouterTrainer:
             began = time.perf_counter()
             metrics = self.train_step()
             step_seconds.append(time.perf_counter() - began)
-            step_tokens.append(sum(self.packs[index].input_ids.numel() for index in self.pack_order(self.step)))
+            step_tokens.append(sum(pack.input_ids.numel() for pack in self.step_packs(self.step)))
             self.history.append(metrics)
             if self.rank == 0:
                 append_metrics(self.output_dir / "metrics.csv", metrics, writer)
@@ -388,14 +397,13 @@ class RouterTrainer:
         for group in self.optimizer.param_groups[:2]:
             group["lr"] = config.router_lr * scale
         self.optimizer.zero_grad(set_to_none=True)
-        order = self.pack_order(self.step)
+        order = self.step_packs(self.step)
         sums: dict[str, float] = defaultdict(float)
         task_msr: dict[str, list[float]] = defaultdict(list)
         task_lm: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # task -> [summed token loss, tokens]
-        for position, pack_index in enumerate(order):
+        for position, pack in enumerate(order):
             if position % self.world_size != self.rank:
                 continue
-            pack = self.packs[pack_index]
             noise_seed = config.seed * 1_000_003 + self.step * 1009 + position
             lm_loss, msr, per_sample, tokens = self._pack_terms(pack, noise_seed)
             regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
