@@ -879,6 +879,9 @@ def _prompts_of(pack):
      "no pack is visited twice"),
     ({"data": {"fresh_rows": True}, "lm_loss": "distillation"}, "teacher_cache: false"),
     ({"elastic": {"head_set_choices": 2, "signal_layer": 1, "signal_thresholds": [0.2]}}, "no weights to train"),
+    ({"router_objective": "teacher"}, "must be one of"),
+    ({"router_objective": "both", "signal_teacher_threshold": 0.0}, "must be in \\(0, 1\\]"),
+    ({"router_objective": "both", "signal_teacher_weight": -1.0}, "`signal_teacher_weight` positive"),
 ])
 def test_fresh_rows_and_signal_routers_refuse_what_they_cannot_train(extra, message):
     from elastic_attention.training.train_config import DataConfig

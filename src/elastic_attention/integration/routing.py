@@ -103,6 +103,11 @@ class ModelRouting:
         self._noise_source: torch.Generator | None = None
         self._noise_seeds: dict[int, int] = {}
 
+    @property
+    def prompt_lengths(self) -> list[int] | None:
+        """How many first tokens of each sequence of this forward are its prompt (None: all of them)."""
+        return self._prompt_lengths
+
     def begin_prefill(self, prompt_lengths: list[int] | None, noise_seed: int | None) -> None:
         """Forget the previous prompt's decisions; pool only each sequence's first ``prompt_lengths`` tokens (None:
         all of them) and draw this forward's noise from ``noise_seed`` (None: torch's global generator)."""
@@ -187,7 +192,7 @@ class ModelRouting:
             signal = retrieval_signal(query, key, layout, scale, queries=config.signal_queries,
                                       block_size=config.block_size, sink_tokens=config.sink_tokens,
                                       local_tokens=config.local_tokens, statistic=config.signal_statistic,
-                                      prompt_lengths=self._prompt_lengths)
+                                      prompt_lengths=self.prompt_lengths)
         self._outputs[layer_index] = router(signal)
         self.set_decision = router.last_decision
         z = router.decisions(self._outputs[layer_index], self.routed_layers.index(layer_index))
@@ -197,16 +202,16 @@ class ModelRouting:
     def _ask(self, router: AttentionRouter, layer_index: int, keys: torch.Tensor, layout: SequenceLayout):
         """The router's output for this prefill's sequences, from the layer's pooled keys."""
         generator = self._noise_generator(layer_index, keys.device) if router.training else None
-        return router(self._pooled(keys, layout), generator=generator)
+        return router(self.pooled(keys, layout), generator=generator)
 
-    def _pooled(self, keys: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
+    def pooled(self, keys: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
         """[N, Hkv, D] what a router reads: the mean of each prompt's first and last keys (`boundary_pool`)."""
         return boundary_pool(keys, layout, self.config.pool_first, self.config.pool_last, self._prompt_lengths)
 
     def _score_forced_set(self, router, keys: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
         """[N, C] one-hot ``forced_set`` for every prompt; what the router would have read goes to
         ``set_router_input``."""
-        self.set_router_input = self._pooled(keys, layout).detach()
+        self.set_router_input = self.pooled(keys, layout).detach()
         index = torch.full((layout.num_sequences,), self.forced_set, dtype=torch.long, device=keys.device)
         return torch.nn.functional.one_hot(index, router.choices).float()
 

@@ -64,7 +64,8 @@ def step_metrics(step: int, sums: dict[str, float], task_msr: dict[str, list[flo
 
     Args:
         step: the 1-based step.
-        sums: this process's summed ``lm_loss`` and ``reg_loss`` over its packs.
+        sums: this process's summed ``lm_loss`` and ``reg_loss`` (and ``teacher_loss`` with the signal teacher) over
+            its packs.
         task_msr: task -> this process's MSR of each of its samples.
         task_lm: task -> this process's [summed answer-token loss, answer tokens].
         packs: the step's packs on all processes (the sums are averaged over them).
@@ -77,7 +78,7 @@ def step_metrics(step: int, sums: dict[str, float], task_msr: dict[str, list[flo
         ``step``, ``lm_loss``, ``reg_loss``, ``temperature``, ``lr`` and, per task, ``msr/``, ``lm_loss/`` (per
         answer token), ``lambda1/`` and ``lambda2/`` (NaN for a task without samples in this step).
     """
-    totals = torch.tensor([sums["lm_loss"], sums["reg_loss"]], dtype=torch.float64)
+    totals = torch.tensor([sums["lm_loss"], sums["reg_loss"], sums.get("teacher_loss", 0.0)], dtype=torch.float64)
     gathered = [(task_msr, task_lm)]
     if dist.is_initialized() and dist.get_world_size() > 1:
         totals = totals.to(device)
@@ -95,6 +96,8 @@ def step_metrics(step: int, sums: dict[str, float], task_msr: dict[str, list[flo
             answer_loss[task][1] += tokens
     metrics = {"step": step, "lm_loss": float(totals[0]) / packs, "reg_loss": float(totals[1]) / packs,
                "temperature": temperature, "lr": lr}
+    if "teacher_loss" in sums:  # a run with the signal teacher (`router_objective`)
+        metrics["teacher_loss"] = float(totals[2]) / packs
     for index, task in enumerate(objective.tasks):
         values = merged.get(task)
         metrics[f"msr/{task}"] = sum(values) / len(values) if values else float("nan")
@@ -103,3 +106,11 @@ def step_metrics(step: int, sums: dict[str, float], task_msr: dict[str, list[flo
         metrics[f"lambda1/{task}"] = float(objective.lambda1.detach()[index])
         metrics[f"lambda2/{task}"] = float(objective.lambda2.detach()[index])
     return metrics
+
+
+def progress_postfix(metrics: dict) -> str:
+    """The progress bar's text for one step's metrics row: the losses, each task's MSR and first multiplier."""
+    msr = " ".join(f"{k.split('_')[-1]}={v:.2f}" for k, v in metrics.items() if k.startswith("msr/") and v == v)
+    lambdas = " ".join(f"{v:+.2f}" for k, v in metrics.items() if k.startswith("lambda1/"))
+    teacher = f" teacher {metrics['teacher_loss']:.3f}" if "teacher_loss" in metrics else ""
+    return f"lm {metrics['lm_loss']:.3f} reg {metrics['reg_loss']:+.3f}{teacher} | MSR {msr} | l1 {lambdas}"

@@ -35,6 +35,7 @@ SUITE_TARGETS = {
 LM_LOSS_KINDS = ("cross_entropy", "distillation")
 #: How a step scores a head-set router's choice (`TrainConfig.head_set_objective`).
 HEAD_SET_OBJECTIVES = ("sampled", "expected")
+ROUTER_OBJECTIVES = ("paper", "signal_teacher", "both")
 
 #: Router learning-rate schedules after the warm-up.
 LR_SCHEDULES = ("cosine", "constant")
@@ -151,6 +152,13 @@ class TrainConfig:
             routers' calibration, so that a run with other targets, temperatures or rates trains only the router
             (on a CPU too) when the file holds every pack. A run pooling other spans than the file's reads its
             router inputs again (each pack's forward stops at the router).
+        router_objective: ``"paper"`` (the LM term and the MSR targets), ``"signal_teacher"`` (only the label-free
+            retrieval-signal teacher, `training.signal_teacher`: no task targets are used, any long text teaches) or
+            ``"both"`` (their sum, the teacher weighted by ``signal_teacher_weight``).
+        signal_teacher_threshold: the teacher's tau, in (0, 1]: a KV head whose prompt's last queries put at least
+            this share of their attention where SSA cannot see (measured under full attention with
+            ``elastic.signal_queries`` and ``elastic.signal_statistic``) should run full attention.
+        signal_teacher_weight: the teacher's weight in ``"both"``.
         initial_router: a router adapter folder (`save_router`'s, e.g. a finished run's ``router/``) to start from:
             its weights, input statistics and pins replace the routers' initialization (no calibration), so a run
             can continue where an earlier one's adapter left off. The optimizer's state and the objective's
@@ -194,6 +202,9 @@ class TrainConfig:
     head_set_choices_extra: list[str] | None = None
     head_set_objective: str = "sampled"
     set_losses_file: str | None = None
+    router_objective: str = "paper"
+    signal_teacher_threshold: float = 0.2
+    signal_teacher_weight: float = 1.0
     initial_router: str | None = None
     checkpoint_every: int = 0
     seed: int = 0
@@ -257,6 +268,7 @@ class TrainConfig:
                               "not set: give the head set (the --out file of `elastic-attention search-heads`)")
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"`warmup_fraction` must be in [0, 1), got {self.warmup_fraction}")
+        self._check_router_objective()
         if self.head_set_objective not in HEAD_SET_OBJECTIVES:
             raise ConfigError(f"`head_set_objective` must be one of {HEAD_SET_OBJECTIVES}, got "
                               f"{self.head_set_objective!r}")
@@ -298,6 +310,16 @@ class TrainConfig:
                 raise ConfigError("`initial_router` starts the routers from an adapter, `initial_full_probability` and "
                                   "`initial_full_heads` from a bias: set one of them (null the others)")
             self._check_initial_router()
+
+    def _check_router_objective(self) -> None:
+        """``router_objective`` and the signal teacher's settings."""
+        if self.router_objective not in ROUTER_OBJECTIVES:
+            raise ConfigError(f"`router_objective` must be one of {ROUTER_OBJECTIVES}, got {self.router_objective!r}")
+        if not 0 < self.signal_teacher_threshold <= 1 or not self.signal_teacher_weight > 0:
+            raise ConfigError(f"`signal_teacher_threshold` must be in (0, 1] and `signal_teacher_weight` positive, got "
+                              f"{self.signal_teacher_threshold} and {self.signal_teacher_weight}")
+        if self.router_objective != "paper" and self.head_set_objective == "expected":
+            raise ConfigError("the signal teacher trains on sampled routing: use `head_set_objective: sampled`")
 
     def _check_fresh_rows(self) -> None:
         """``data.fresh_rows`` draws from a suite, and no per-pack cache is asked for (no pack is seen twice)."""

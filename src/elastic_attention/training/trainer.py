@@ -45,6 +45,7 @@ from elastic_attention.training.plots import plot_training, write_plot
 from elastic_attention.training.distributed import distributed_rank, is_sharded, shard_backbone, training_device
 from elastic_attention.rows import encode_row
 from elastic_attention.training.data import EPOCH_SEED_STRIDE, EpochPacks, Pack, load_rows, pack_rows
+from elastic_attention.training.signal_teacher import teacher_loss, teacher_targets
 # supervised_loss and supervised_token_losses are imported from here too
 from elastic_attention.training.losses import (  # noqa: F401
     LM_LOSSES,
@@ -54,7 +55,13 @@ from elastic_attention.training.losses import (  # noqa: F401
     supervised_loss,
     supervised_token_losses,
 )
-from elastic_attention.training.metrics_log import append_metrics, open_tensorboard, rewrite_metrics, step_metrics
+from elastic_attention.training.metrics_log import (
+    append_metrics,
+    open_tensorboard,
+    progress_postfix,
+    rewrite_metrics,
+    step_metrics,
+)
 from elastic_attention.training.objective import SparsityObjective
 from elastic_attention.training.run_folder import claim_run_folder, load_for_resume
 from elastic_attention.training.set_losses import load_set_losses, save_set_losses
@@ -323,7 +330,7 @@ class RouterTrainer:
                 append_metrics(self.output_dir / "metrics.csv", metrics, writer)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix_str(_postfix(metrics))
+                    bar.set_postfix_str(progress_postfix(metrics))
             self.step += 1
             if config.checkpoint_every and self.step % config.checkpoint_every == 0 and self.step < config.steps:
                 self.train_seconds = seconds_before + time.perf_counter() - started
@@ -405,17 +412,27 @@ class RouterTrainer:
             if position % self.world_size != self.rank:
                 continue
             noise_seed = config.seed * 1_000_003 + self.step * 1009 + position
-            lm_loss, msr, per_sample, tokens = self._pack_terms(pack, noise_seed)
-            regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
+            teacher = zero = torch.zeros((), device=self.device)
+            if config.router_objective != "paper":
+                teacher, msr = teacher_loss(self.model, *teacher_targets(self.model, pack, self.device,
+                                                                         config.signal_teacher_threshold))
+                sums["teacher_loss"] += float(teacher.detach())
+            if config.router_objective == "signal_teacher":  # no LM term, no MSR targets: the teacher alone
+                lm_loss, regularisation, per_sample, tokens = zero, zero, torch.zeros(len(pack.tasks)), None
+            else:
+                lm_loss, msr, per_sample, tokens = self._pack_terms(pack, noise_seed)
+                regularisation = self.objective(msr, self.objective.task_indices(pack.tasks))
             # Every process scales by world / packs: averaging gradients over processes (FSDP's reduce-scatter, the
             # all-reduce below) then yields the mean over the step's packs, however they are split.
-            loss = (lm_loss + regularisation) * self.world_size / len(order)
+            weight = config.signal_teacher_weight if config.router_objective == "both" else 1.0
+            loss = (lm_loss + regularisation + weight * teacher) * self.world_size / len(order)
             loss.backward()
             sums["lm_loss"] += float(lm_loss.detach())
             sums["reg_loss"] += float(regularisation.detach())
             for task, value in zip(pack.tasks, msr.tolist()):
                 task_msr[task].append(value)
-            for task, total, supervised in zip(pack.tasks, per_sample.tolist(), tokens.tolist()):
+            for task, total, supervised in zip(pack.tasks, per_sample.tolist(), ([] if tokens is None
+                                                                                 else tokens.tolist())):
                 task_lm[task][0] += total
                 task_lm[task][1] += supervised
         self._reduce_gradients()
@@ -579,9 +596,3 @@ def enable_gradient_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def _postfix(metrics: dict) -> str:
-    msr = " ".join(f"{k.split('_')[-1]}={v:.2f}" for k, v in metrics.items() if k.startswith("msr/") and v == v)
-    lambdas = " ".join(f"{v:+.2f}" for k, v in metrics.items() if k.startswith("lambda1/"))
-    return f"lm {metrics['lm_loss']:.3f} reg {metrics['reg_loss']:+.3f} | MSR {msr} | l1 {lambdas}"
