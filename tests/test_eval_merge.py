@@ -129,3 +129,15 @@ def test_router_settings_may_differ_from_cells_that_need_no_router():
     moved = _document("r", [_row("elastic", "passkey", 8192, 1.0, 0.5)], config={**router_config, "sink_tokens": 0})
     with pytest.raises(InputError, match="different elastic configurations"):
         merge_eval_documents([("dense", dense), ("routed", moved)])
+
+
+def test_a_file_written_before_the_signal_fields_merges_with_one_written_after():
+    """Oracle: the two configurations are the same once the missing fields take their defaults."""
+    from elastic_attention import ElasticConfig
+    from elastic_attention.evaluation.merge import _without_router_fields
+
+    new = ElasticConfig(block_size=64, sink_tokens=64, local_tokens=512).to_dict()
+    old = {key: value for key, value in new.items() if not key.startswith("signal_")}
+    assert _without_router_fields(old) == _without_router_fields(new)
+    other = {**old, "local_tokens": 1024}
+    assert _without_router_fields(other) != _without_router_fields(new)

@@ -17,7 +17,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from elastic_attention.errors import InputError
+from elastic_attention.config import ElasticConfig
+from elastic_attention.errors import ConfigError, InputError
 from elastic_attention.evaluation.reporting import cell_results, command_and_date, write_table_and_plot
 from elastic_attention.evaluation.runner import CellResult
 from elastic_attention.io import atomic_write_text
@@ -25,7 +26,7 @@ from elastic_attention.io import atomic_write_text
 #: `ElasticConfig` fields only a router reads: cells of other modes (full, sparse, static@MSR, heads@MSR) do not
 #: depend on them, so they must agree only among the files with elastic cells.
 _ROUTER_FIELDS = ("pool_first", "pool_last", "router_width", "router_standardize", "head_set_choices", "floor_set",
-                  "floor_confidence")
+                  "floor_confidence", "signal_layer", "signal_thresholds", "signal_queries", "signal_statistic")
 
 #: The fields every row needs (`CellResult`'s fields without a default).
 _REQUIRED = tuple(field.name for field in dataclasses.fields(CellResult)
@@ -148,6 +149,10 @@ def _same(documents: Sequence[tuple[str, dict]], key: str, problem: str, fix: st
 def _without_router_fields(config):
     if not isinstance(config, dict):
         return config
+    try:  # a file written before a field existed holds its default
+        config = ElasticConfig.from_dict(config).to_dict()
+    except ConfigError:
+        pass
     return {key: value for key, value in config.items() if key not in _ROUTER_FIELDS}
 
 

@@ -1,6 +1,7 @@
 """`ModelRouting`: the routers of one attached model and what they decided for the current prompt.
 
-A prefill routes every routed layer once, from that layer's pre-RoPE keys (`route`); the decisions are kept for the
+A prefill routes every routed layer once, from that layer's pre-RoPE keys (`route`; a `SignalSetRouter`'s decision
+layer from its queries and keys, `route_signal`); the decisions are kept for the
 decode steps that follow, reordered with the batch (`select_sequences`). A router decides its own layer and the
 routed layers after it, up to the next router (`build_routers` places them): a per-head router its layer alone,
 a `HeadSetRouter` in the first routed layer every routed layer, from one head set per prompt. Routing can be forced

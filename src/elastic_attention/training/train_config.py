@@ -153,8 +153,9 @@ class TrainConfig:
             (on a CPU too) when the file holds every pack. A run pooling other spans than the file's reads its
             router inputs again (each pack's forward stops at the router).
         router_objective: ``"paper"`` (the LM term and the MSR targets), ``"signal_teacher"`` (only the label-free
-            retrieval-signal teacher, `training.signal_teacher`: no task targets are used, any long text teaches) or
-            ``"both"`` (their sum, the teacher weighted by ``signal_teacher_weight``).
+            retrieval-signal teacher, `training.signal_teacher`: no task targets are used, any long text teaches; a
+            suite's tasks need no `targets` entry then) or ``"both"`` (their sum, the teacher weighted by
+            ``signal_teacher_weight``).
         signal_teacher_threshold: the teacher's tau, in (0, 1]: a KV head whose prompt's last queries put at least
             this share of their attention where SSA cannot see (measured under full attention with
             ``elastic.signal_queries`` and ``elastic.signal_statistic``) should run full attention.
@@ -289,6 +290,9 @@ class TrainConfig:
             raise ConfigError(f"`lm_loss` must be one of {LM_LOSS_KINDS}, got {self.lm_loss!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"`lr_schedule` must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if self.targets is None and self.router_objective == "signal_teacher" and self.data.source in SUITE_SOURCES:
+            # the teacher alone uses no target: these only name the tasks the logs group MSR by
+            object.__setattr__(self, "targets", {task: 1.0 for task in self.data.tasks})
         if self.targets is None:
             paper = {task: SUITE_TARGETS[task] for task in self.data.tasks if task in SUITE_TARGETS}
             object.__setattr__(self, "targets", paper if self.data.source in SUITE_SOURCES else dict(SUITE_TARGETS))
