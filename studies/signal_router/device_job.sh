@@ -13,6 +13,7 @@
 #   3. the held-out table, side by side: RULER 8K/16K and the code suite 8K/16K (50 rows a cell), RULER 4K/32K
 #      (20 rows), each under full, elastic (the chosen router), all-SSA and the floor set's search path at elastic's
 #      average MSR (heads); then the signal features of the RULER and code rows (what each input predicts there)
+#   4. heldout_report.py: the merged table, the bars and the Pareto plot (report/real_model_1.5b_heldout_eval.*)
 set -uo pipefail
 MODEL=${MODEL:-/tmp/qwen2.5-coder-1.5b-instruct}
 SHIPPED=${SHIPPED:-src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct}
@@ -51,6 +52,8 @@ table --suite ruler --tasks all --lengths 4k,32k --samples 20 --rows $c/ruler --
 python3 $study/features.py --model $MODEL --head-set $heads --cells $c/ruler $c/code --seed 0 --samples 20 \
   --out features_heldout.jsonl > features_heldout.log 2>&1 &
 wait
+python3 $study/heldout_report.py ruler_8k/eval.json ruler_16k/eval.json code_8k_16k/eval.json ruler_4k_32k/eval.json \
+  --out report/real_model_1.5b_heldout_eval > report.log 2>&1
 CHAIN
     setsid nohup bash chain.sh > chain.log 2>&1 < /dev/null &
     echo \$! > chain.pid
@@ -66,7 +69,7 @@ CHAIN
     for log in *.log; do echo "== $log"; tr '\r' '\n' < "$log" | grep -v '^$' | tail -n 2 | cut -c1-300; done
     tar czf "$OUT/signal_router.tgz" --exclude=cells --exclude=src --exclude=studies --exclude=shipped \
       --exclude='*.json' --exclude=chain.sh . 2>/dev/null
-    tar czf "$OUT/signal_router_json.tgz" selected/selection.json selected/adapter */eval.json 2>/dev/null
+    tar czf "$OUT/signal_router_json.tgz" selected/selection.json selected/adapter */eval.json report 2>/dev/null
     ls -la "$OUT"
     pgrep -f "bash chain.sh" > /dev/null || echo finished ;;
   *)
