@@ -91,7 +91,7 @@ def teacher_loss(model, inputs: dict, needed: torch.Tensor) -> tuple[torch.Tenso
         sets = router.head_sets.bool()  # [C, R, Hkv]
         covers = ~(needed[:, None].to(sets.device) & ~sets[None]).flatten(2).any(dim=2)  # [N, C]
         msrs = router.set_msrs().to(sets.device)
-        score = torch.where(covers, msrs[None].float(), -1.0 - (1.0 - msrs[None].float()))
+        score = torch.where(covers, msrs[None].float(), -1.0 - msrs[None].float())
         target = score.argmax(dim=1)  # the sparsest covering set; none covers: the densest
         logits = router.choice_logits(inputs[layer]) / router.temperature
         loss = torch.nn.functional.cross_entropy(logits, target)
