@@ -228,8 +228,11 @@ def test_on_a_gpu_the_signal_routes_as_on_the_cpu_reference():
     """Oracle: the CPU reference backend in float32; on the GPU (flex, bfloat16) the same prompts get the same sets,
     their signals within bfloat16's rounding, and the generated tokens decode through the bounded cache."""
     ids = torch.randint(3, 90, (6, 701), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    for row, length in enumerate([701, 650, 420, 380, 250, 210]):  # left-padded: longer prompts hide more
+        mask[row, : 701 - length] = 0
     config = ea.ElasticConfig(block_size=64, sink_tokens=64, local_tokens=128, head_set_choices=3,
-                              signal_layer=1, signal_queries=8, signal_thresholds=(0.5, 0.2))
+                              signal_layer=1, signal_queries=8, signal_thresholds=(0.6, 0.3))
     signals = {}
     for device, dtype, backend in (("cpu", torch.float32, "reference"), ("cuda", torch.bfloat16, "flex")):
         model = tiny_model("llama", layers=3, head_dim=32).to(device, dtype)
@@ -237,9 +240,11 @@ def test_on_a_gpu_the_signal_routes_as_on_the_cpu_reference():
         (router,) = ea.routers_of(model).values()
         router.set_head_sets(SETS)
         with torch.no_grad():
-            model.generate(ids.to(device), max_new_tokens=4, do_sample=False, pad_token_id=0)
+            model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=4, do_sample=False,
+                           pad_token_id=0)
         decision = ea.routing_report(model).head_sets.decision
         signals[device] = (decision.signal.float().cpu(), decision.choice.cpu())
     torch.testing.assert_close(signals["cuda"][0], signals["cpu"][0], atol=0.02, rtol=0.05)
-    near = ((signals["cpu"][0][:, None] - torch.tensor([0.5, 0.2])).abs() < 0.02).any(dim=1)
+    near = ((signals["cpu"][0][:, None] - torch.tensor([0.6, 0.3])).abs() < 0.02).any(dim=1)
     assert torch.equal(signals["cuda"][1][~near], signals["cpu"][1][~near])
+    assert len(set(signals["cpu"][1].tolist())) == 3
