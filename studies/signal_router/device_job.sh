@@ -13,7 +13,8 @@
 #   3. the held-out table, side by side: RULER 8K/16K and the code suite 8K/16K (50 rows a cell), RULER 4K/32K
 #      (20 rows), each under full, elastic (the chosen router), all-SSA and the floor set's search path at elastic's
 #      average MSR (heads); then the signal features of the RULER and code rows (what each input predicts there)
-#   4. heldout_report.py: the merged table, the bars and the Pareto plot (report/real_model_1.5b_heldout_eval.*)
+#   4. heldout_report.py: the merged table, the bars and the Pareto plot (report/real_model_1.5b_heldout_eval.*);
+#      input_auc.py: what each signal input predicts on the validation rows and, reported only, the held-out ones
 set -uo pipefail
 MODEL=${MODEL:-/tmp/qwen2.5-coder-1.5b-instruct}
 SHIPPED=${SHIPPED:-src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct}
@@ -54,6 +55,9 @@ python3 $study/features.py --model $MODEL --head-set $heads --cells $c/ruler $c/
 wait
 python3 $study/heldout_report.py ruler_8k/eval.json ruler_16k/eval.json code_8k_16k/eval.json ruler_4k_32k/eval.json \
   --out report/real_model_1.5b_heldout_eval > report.log 2>&1
+python3 $study/input_auc.py --features features_val.jsonl --scores $study/results/broad_validation_scores.json \
+  --eval code_val/eval.json --heldout-features features_heldout.jsonl --heldout-eval ruler_8k/eval.json \
+  ruler_16k/eval.json ruler_4k_32k/eval.json code_8k_16k/eval.json --out report/input_auc.json > input_auc.log 2>&1
 CHAIN
     setsid nohup bash chain.sh > chain.log 2>&1 < /dev/null &
     echo \$! > chain.pid
