@@ -67,9 +67,9 @@ def main() -> None:
     if args.heldout_features:
         records = read(args.heldout_features)
         scores = read_scores(None, args.heldout_eval)
-        heldout = {suite: input_aucs([r for r in records if r["task"] in tasks], scores)
-                   for suite, tasks in (("ruler", {r["task"] for r in records if not _is_code(r["task"])}),
-                                        ("code", {r["task"] for r in records if _is_code(r["task"])}))}
+        suites = {r["task"]: _suite(r["task"]) for r in records}
+        heldout = {suite: input_aucs([r for r in records if suites[r["task"]] == suite], scores)
+                   for suite in sorted(set(suites.values()))}
     best = sorted(validation, key=lambda name: -validation[name])[:10]
     document = {"validation": validation, "heldout": heldout,
                 "best_on_validation": [{"input": name, "validation": validation[name],
@@ -80,10 +80,10 @@ def main() -> None:
         print(json.dumps(item))
 
 
-def _is_code(task: str) -> bool:
+def _suite(task: str) -> str:
     from elastic_attention.evaluation.suites import suite_of
 
-    return suite_of(task).name == "code"
+    return suite_of(task).name
 
 
 if __name__ == "__main__":
