@@ -4,7 +4,8 @@ For one layer and KV head: the softmax mass that the prompt's last few queries p
 of their own block (past the sink blocks and before the local window of blocks, the block rule of
 `patterns.block_tables`), averaged (or the largest) over those queries and the query heads of the KV head's group. A prompt whose
 question must be answered from far back in its context puts mass there; one answered from its recent tokens does not.
-It costs one [queries, keys] score matrix per head, computed from the layer's own queries and keys at prefill.
+It costs one [queries, keys] score matrix per head, computed from the layer's own queries and keys at prefill. The
+softmax is the plain scaled one: a model's logit soft-cap or attention-sink logits (Gemma 2, gpt-oss) are not applied.
 """
 
 from __future__ import annotations
