@@ -25,7 +25,8 @@ import torch
 
 def outside_window_mass(query: torch.Tensor, key: torch.Tensor, scale: float, last: int, block: int,
                         sink_blocks: int, local_blocks: int) -> torch.Tensor:
-    """[Hkv] float32: mean softmax mass of the last ``last`` queries on the key blocks SSA hides from them.
+    """[Hkv] float32: mean softmax mass of the last ``last`` queries on the key blocks SSA hides from them (the
+    library's `router.retrieval_signal.retrieval_signal` of one unpadded sequence).
 
     Args:
         query: [Hq, S, D] one sequence's queries (after RoPE).
@@ -34,19 +35,12 @@ def outside_window_mass(query: torch.Tensor, key: torch.Tensor, scale: float, la
         last: how many trailing queries.
         block, sink_blocks, local_blocks: SSA's block size, sink and window in blocks.
     """
-    heads, length = query.shape[0], key.shape[1]
-    group = heads // key.shape[0]
-    start = max(0, length - last)
-    scores = torch.einsum("hqd,hkd->hqk", query[:, start:].float(),
-                          key.float().repeat_interleave(group, dim=0)) * scale
-    query_position = torch.arange(start, length, device=query.device)[:, None]
-    key_position = torch.arange(length, device=query.device)[None, :]
-    scores = scores.masked_fill(key_position > query_position, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    query_block, key_block = query_position // block, key_position // block
-    hidden = (key_block >= sink_blocks) & (key_block <= query_block - local_blocks)
-    mass = (weights * hidden).sum(-1).mean(-1)  # [Hq]
-    return mass.view(-1, group).mean(-1)
+    from elastic_attention.patterns import SequenceLayout
+    from elastic_attention.router.retrieval_signal import retrieval_signal
+
+    layout = SequenceLayout.dense(1, key.shape[1])
+    return retrieval_signal(query[None], key[None], layout, scale, queries=last, block_size=block,
+                            sink_tokens=sink_blocks * block, local_tokens=local_blocks * block)[0]
 
 
 def install_signal_attention(model, store: dict, last: int, block: int, sink: int, local: int) -> None:
