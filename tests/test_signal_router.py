@@ -248,3 +248,22 @@ def test_on_a_gpu_the_signal_routes_as_on_the_cpu_reference():
     near = ((signals["cpu"][0][:, None] - torch.tensor([0.6, 0.3])).abs() < 0.02).any(dim=1)
     assert torch.equal(signals["cuda"][1][~near], signals["cpu"][1][~near])
     assert len(set(signals["cpu"][1].tolist())) == 3
+
+
+def test_the_signal_floor_keeps_the_asked_share_of_needy_rows():
+    """Oracle: every candidate threshold scanned, the largest that keeps enough needy rows at or above it."""
+    from elastic_attention.router.floor import signal_floor_threshold
+
+    generator = torch.Generator().manual_seed(9)
+    signal = torch.rand(41, generator=generator)
+    needs = torch.rand(41, generator=generator) < 0.4
+    for recall in (0.5, 0.9, 0.95, 1.0):
+        got = signal_floor_threshold(signal, needs, recall)
+        enough = [float(value) for value in signal
+                  if int((signal[needs] >= value).sum()) >= recall * int(needs.sum()) - 1e-9]
+        assert got == max(enough)
+    assert signal_floor_threshold(signal, torch.zeros(41, dtype=torch.bool), 0.9) == 0.0
+    with pytest.raises(ValueError, match="recall"):
+        signal_floor_threshold(signal, needs, 0.0)
+    with pytest.raises(ValueError, match="must match"):
+        signal_floor_threshold(signal, needs[:5], 0.9)

@@ -73,14 +73,6 @@ def need_labels(scores: dict, margin: float = 0.5) -> dict:
             if "full" in modes and "sparse" in modes}
 
 
-def threshold_for_recall(scores: list[float], labels: list[bool], recall: float) -> float:
-    """The largest threshold t such that at least ``recall`` of the positives score >= t."""
-    positives = sorted((s for s, label in zip(scores, labels) if label), reverse=True)
-    if not positives:
-        return float("inf")
-    return positives[max(0, int(len(positives) * recall + 0.999999) - 1)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True)
@@ -99,6 +91,7 @@ def main() -> None:
     ruler_need, broad_need = need_labels(ruler_scores), need_labels(broad_scores)
     records = {**signals(run / "signal.jsonl"), **signals(run / "signal_broad.jsonl")}
     from elastic_attention.evaluation.suites import suite_of
+    from elastic_attention.router.floor import signal_floor_threshold
 
     code_need = {key: suite_of(key[0]).kind(key[0]) == "sensitive" for key, record in records.items()
                  if suite_of(key[0]).name == "code"}
@@ -115,8 +108,8 @@ def main() -> None:
             "ruler (need)": table(ruler_need)}
     chosen = max(names, key=lambda name: aucs["broad (need)"][name])
     keys = [key for key in validation if key in inputs]
-    threshold = threshold_for_recall([inputs[key][chosen] for key in keys], [validation[key] for key in keys],
-                                     args.recall)
+    threshold = signal_floor_threshold(torch.tensor([inputs[key][chosen] for key in keys]),
+                                       torch.tensor([validation[key] for key in keys]), args.recall)
     ruler_keys = [key for key in ruler_need if key in inputs]
     caught = [key for key in ruler_keys if ruler_need[key] and inputs[key][chosen] >= threshold]
     spared = [key for key in ruler_keys if not ruler_need[key] and inputs[key][chosen] < threshold]

@@ -24,14 +24,6 @@ from pathlib import Path
 import torch
 
 
-def threshold_for_recall(scores: list[float], labels: list[bool], recall: float) -> float:
-    """The largest threshold t such that at least ``recall`` of the positives score >= t."""
-    positives = sorted((s for s, label in zip(scores, labels) if label), reverse=True)
-    if not positives:
-        return 0.0
-    return positives[max(0, int(len(positives) * recall + 0.999999) - 1)]
-
-
 def read_scores(scores_file: str | None, eval_files: list[str]) -> dict:
     """(task, length, index) -> {mode: score}: from a JSON of "task|length|index" keys, and from eval.json files
     (their cells' ``row_accuracy``)."""
@@ -67,6 +59,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     from elastic_attention.head_sets import read_head_sets
+    from elastic_attention.router.floor import signal_floor_threshold
 
     scores = read_scores(args.scores, args.eval)
     records = [json.loads(line) for line in Path(args.features).read_text().splitlines() if line.strip()]
@@ -83,7 +76,7 @@ def main() -> None:
     for (kind, statistic), (position, count) in itertools.product(enumerate(statistics), enumerate(counts)):
         for layer in range(1, layers):
             value = signal[:, kind, position, layer].amax(dim=1)
-            threshold = threshold_for_recall(value.tolist(), need, args.recall)
+            threshold = signal_floor_threshold(value, torch.tensor(need), args.recall)
             msrs = 1.0 - sets_for(floor, layer).float().mean(dim=(1, 2))
             sparse = value < threshold
             candidates.append({"statistic": statistic, "queries": count, "layer": layer, "threshold": threshold,

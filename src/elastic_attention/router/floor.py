@@ -3,7 +3,8 @@
 A `HeadSetRouter` with a floor (``floor_set``, ``floor_confidence``) sends a prompt whose most probable set is sparser
 than the floor set, chosen with a probability under ``floor_confidence``, to the floor set instead. The threshold is
 chosen here from validation rows of the training generator (never from the rows a result is reported on): the
-smallest one under which the floor catches the rows that need it, up to an allowed share of misses.
+smallest one under which the floor catches the rows that need it, up to an allowed share of misses. A
+`SignalSetRouter`'s floor is its last threshold on the retrieval signal (`signal_floor_threshold`).
 """
 
 from __future__ import annotations
@@ -65,3 +66,30 @@ def floor_threshold(confidence: torch.Tensor, needs_floor: torch.Tensor, max_mis
     moved = confidence < threshold
     return FloorCalibration(threshold=threshold, rows=len(confidence), need=int(needs_floor.sum()),
                             caught=int((moved & needs_floor).sum()), moved_without_need=int((moved & ~needs_floor).sum()))
+
+
+def signal_floor_threshold(signal: torch.Tensor, needs_floor: torch.Tensor, recall: float) -> float:
+    """The largest threshold on the retrieval signal that keeps at least ``recall`` of the rows that need the floor
+    at or above it (a `SignalSetRouter` runs its sparsest set only below its last threshold).
+
+    Args:
+        signal: [N] each validation row's signal.
+        needs_floor: [N] bool, True where the sparsest set fails the row.
+        recall: the share of those rows the threshold must keep, in (0, 1].
+
+    Returns:
+        The threshold (a signal value of a row that needs the floor); 0.0 when no row needs it.
+
+    Raises:
+        ValueError: tensors of different shapes, or ``recall`` outside (0, 1].
+    """
+    signal = signal.double().flatten()
+    needs_floor = needs_floor.bool().flatten()
+    if signal.shape != needs_floor.shape:
+        raise ValueError(f"signal {list(signal.shape)} and needs_floor {list(needs_floor.shape)} must match")
+    if not 0.0 < recall <= 1.0:
+        raise ValueError(f"recall must be in (0, 1], got {recall}")
+    needed = signal[needs_floor].sort(descending=True).values
+    if len(needed) == 0:
+        return 0.0
+    return float(needed[max(0, math.ceil(len(needed) * recall - 1e-9) - 1)])
