@@ -48,7 +48,35 @@ class SetDecision:
         return self.choice != self.preferred
 
 
-class HeadSetRouter(AttentionRouter):
+class ChoosesHeadSets:
+    """What a router that runs one of C head sets per prompt shares (`HeadSetRouter`, `SignalSetRouter`): its
+    ``head_sets`` buffer [C, R, Hkv] (1.0 = full attention), their MSRs, the decisions a choice gives, no pins."""
+
+    head_sets: torch.Tensor
+
+    def _checked_sets(self, head_sets: torch.Tensor) -> torch.Tensor:
+        """``head_sets`` as bool, after checking it has the buffer's shape."""
+        if tuple(head_sets.shape) != tuple(self.head_sets.shape):
+            raise ValueError(f"head sets must be {list(self.head_sets.shape)} ([choices, routed layers, KV heads]), "
+                             f"got {list(head_sets.shape)}")
+        return head_sets.to(torch.bool)
+
+    def pin_sparse(self, heads: torch.Tensor | None) -> None:
+        """Refuse pins (`AttentionRouter.pin_sparse`): the sets alone say which heads can be full."""
+        if heads is not None and bool(torch.as_tensor(heads).any()):
+            raise ValueError("a router choosing among head sets takes no pins: a head outside every set is never full")
+
+    def set_msrs(self) -> torch.Tensor:
+        """[C] float64: each set's MSR, the share of its (routed layer, KV head) entries on sparse attention."""
+        return set_msrs(self.head_sets)
+
+    def decisions(self, choice: torch.Tensor, position: int) -> torch.Tensor:
+        """[N, Hkv] float32 decisions of the ``position``-th routed layer (1.0 = full attention) under ``choice``
+        ([N, C], from ``forward``): the chosen set's heads, with the choice's gradient."""
+        return choice @ self.head_sets[:, position]
+
+
+class HeadSetRouter(ChoosesHeadSets, AttentionRouter):
     """The network of `AttentionRouter` with one logit per head set: the pooled keys of each KV head of the first
     routed layer give C logits, averaged over the heads into the prompt's logits.
 
@@ -87,10 +115,7 @@ class HeadSetRouter(AttentionRouter):
     @torch.no_grad()
     def set_head_sets(self, head_sets: torch.Tensor) -> None:
         """Set the C head sets ([C, R, Hkv] bool, True = full attention)."""
-        if tuple(head_sets.shape) != tuple(self.head_sets.shape):
-            raise ValueError(f"head sets must be {list(self.head_sets.shape)} ([choices, routed layers, KV heads]), "
-                             f"got {list(head_sets.shape)}")
-        self.head_sets.copy_(head_sets.to(torch.bool).float())
+        self.head_sets.copy_(self._checked_sets(head_sets).float())
 
     @torch.no_grad()
     def set_full_probability(self, probability: float | torch.Tensor) -> None:
@@ -105,11 +130,6 @@ class HeadSetRouter(AttentionRouter):
         self.router_mlp[-1].bias.copy_(bias)
         if self.num_kv_heads is not None:
             self.head_bias.zero_()
-
-    def pin_sparse(self, heads: torch.Tensor | None) -> None:
-        """Refuse pins (`AttentionRouter.pin_sparse`): the sets alone say which heads can be full."""
-        if heads is not None and bool(torch.as_tensor(heads).any()):
-            raise ValueError("a head-set router takes no pins: a head outside every set is never full")
 
     def choice_logits(self, pooled_keys: torch.Tensor) -> torch.Tensor:
         """[N, C] float32: each prompt's logits over the sets, from its pooled keys [N, Hkv, D]."""
@@ -150,12 +170,3 @@ class HeadSetRouter(AttentionRouter):
             fallback = probabilities.masked_fill(~allowed, -1.0).argmax(dim=-1)
             choice = torch.where(unsure & ~allowed[preferred], fallback, preferred)
         return SetDecision(choice=choice, probabilities=probabilities, preferred=preferred)
-
-    def set_msrs(self) -> torch.Tensor:
-        """[C] float64: each set's MSR, the share of its (routed layer, KV head) entries on sparse attention."""
-        return set_msrs(self.head_sets)
-
-    def decisions(self, choice: torch.Tensor, position: int) -> torch.Tensor:
-        """[N, Hkv] float32 decisions of the ``position``-th routed layer (1.0 = full attention) under ``choice``
-        ([N, C], from `forward`): the chosen set's heads, with the choice's gradient."""
-        return choice @ self.head_sets[:, position]

@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from elastic_attention.router.head_set_router import SetDecision, set_msrs
+from elastic_attention.router.head_set_router import ChoosesHeadSets, SetDecision
 
 
-class SignalSetRouter(nn.Module):
+class SignalSetRouter(ChoosesHeadSets, nn.Module):
     """Thresholds on the retrieval signal choose one of C head sets per prompt.
 
     Args:
@@ -56,10 +56,7 @@ class SignalSetRouter(nn.Module):
     def set_head_sets(self, head_sets: torch.Tensor) -> None:
         """Set the C head sets ([C, R, Hkv] bool, True = full attention): densest first, each no denser than the one
         before, all alike on the routed layers before the decision layer."""
-        if tuple(head_sets.shape) != tuple(self.head_sets.shape):
-            raise ValueError(f"head sets must be {list(self.head_sets.shape)} ([choices, routed layers, KV heads]), "
-                             f"got {list(head_sets.shape)}")
-        head_sets = head_sets.to(torch.bool)
+        head_sets = self._checked_sets(head_sets)
         before = head_sets[:, : self.decision_position]
         if not bool((before == before[:1]).all()):
             raise ValueError(f"the head sets differ on the routed layers before the decision layer (position "
@@ -68,11 +65,6 @@ class SignalSetRouter(nn.Module):
         if bool((full[1:] > full[:-1]).any()):
             raise ValueError(f"signal-router sets go from densest to sparsest; their full heads are {full.tolist()}")
         self.head_sets.copy_(head_sets.float())
-
-    def pin_sparse(self, heads: torch.Tensor | None) -> None:
-        """Refuse pins: the sets alone say which heads can be full."""
-        if heads is not None and bool(torch.as_tensor(heads).any()):
-            raise ValueError("a signal router takes no pins: a head outside every set is never full")
 
     def prefix_decisions(self, position: int) -> torch.Tensor:
         """[Hkv] float32 decisions of a routed layer before the decision layer (the sets agree there)."""
@@ -93,12 +85,3 @@ class SignalSetRouter(nn.Module):
         """[N, C] float32 one-hot choice per prompt (`decide`), its decision kept in ``last_decision``."""
         self.last_decision = self.decide(signal)
         return self.last_decision.probabilities
-
-    def set_msrs(self) -> torch.Tensor:
-        """[C] float64: each set's MSR."""
-        return set_msrs(self.head_sets)
-
-    def decisions(self, choice: torch.Tensor, position: int) -> torch.Tensor:
-        """[N, Hkv] float32 decisions of the ``position``-th routed layer (1.0 = full attention) under ``choice``
-        ([N, C] one-hot, from `forward`)."""
-        return choice @ self.head_sets[:, position]
