@@ -33,3 +33,25 @@ def test_eval_reads_the_cells_that_rows_wrote(tmp_path, capsys):
     capsys.readouterr()
     assert cli_main([*common, "--seed", "8", "--out", str(tmp_path / "other")]) == 2
     assert "holds {'seed': 7}" in capsys.readouterr().err
+
+
+def test_read_cells_reads_every_cell_of_a_folder(tmp_path):
+    """Oracle: `read_cell` of each (task, length) the folder holds, with the rows capped at what a cell has."""
+    import pytest
+    from transformers import AutoTokenizer
+
+    from elastic_attention.errors import InputError
+    from elastic_attention.evaluation.row_cells import read_cell, read_cells
+
+    cells = tmp_path / "cells"
+    for tasks, samples in (("local_recall", "3"), ("needle_single", "2")):
+        assert cli_main(["rows", "--tokenizer", str(TINY_BACKBONE), "--suite", "synthetic", "--tasks", tasks,
+                         "--lengths", "601,455", "--samples", samples, "--seed", "7", "--out", str(cells)]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(TINY_BACKBONE)
+    got = read_cells(cells, seed=7, samples=3, tokenizer=tokenizer)
+    assert [(task, length, len(rows)) for task, length, rows in got] == [
+        ("local_recall", 455, 3), ("local_recall", 601, 3), ("needle_single", 455, 2), ("needle_single", 601, 2)]
+    for task, length, rows in got:
+        assert rows == read_cell(cells, task=task, length=length, seed=7, samples=len(rows), tokenizer=tokenizer)
+    with pytest.raises(InputError, match="holds {'seed': 7}"):
+        read_cells(cells, seed=8, samples=3, tokenizer=tokenizer)

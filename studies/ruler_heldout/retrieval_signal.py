@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -75,7 +74,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import elastic_attention as ea
-    from elastic_attention.evaluation.row_cells import read_cell
+    from elastic_attention.evaluation.row_cells import read_cells
     from elastic_attention.evaluation.suites import suite_of
     from elastic_attention.integration import routers_of, runtime_of
     from elastic_attention.integration.routing import read_router_input
@@ -96,11 +95,8 @@ def main() -> None:
     started = time.time()
     with open(args.out, "w") as out:
         for folder in args.cells:
-            for path in sorted(Path(folder).glob("*_*.jsonl")):
-                header = json.loads(path.read_text().splitlines()[0])["cell"]
-                rows = read_cell(folder, task=header["task"], length=header["length"], seed=args.seed,
-                                 samples=min(args.samples, header["rows"]), tokenizer=tokenizer)
-                kind = suite_of(header["task"]).kind(header["task"])
+            for task, length, rows in read_cells(folder, seed=args.seed, samples=args.samples, tokenizer=tokenizer):
+                kind = suite_of(task).kind(task)
                 for index, row in enumerate(rows):
                     ids = torch.tensor([encode_row(tokenizer, row).prompt_ids], device=device)
                     store.clear()
@@ -110,11 +106,11 @@ def main() -> None:
                                                                           logits_to_keep=1))
                         probabilities = torch.softmax(router.choice_logits(pooled.to(device)).float(), -1)[0]
                     signal = torch.stack([store[layer] for layer in sorted(store)]).tolist()
-                    out.write(json.dumps({"task": header["task"], "length": header["length"], "kind": kind,
+                    out.write(json.dumps({"task": task, "length": length, "kind": kind,
                                           "index": index, "tokens": ids.shape[1], "signal": signal,
                                           "router_probabilities": probabilities.tolist(),
                                           "router_set_msrs": set_msrs}) + "\n")
-                print(f"{path.name}: {len(rows)} rows, {time.time() - started:.0f} s", flush=True)
+                print(f"{task}_{length}: {len(rows)} rows, {time.time() - started:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -61,7 +60,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import elastic_attention as ea
-    from elastic_attention.evaluation.row_cells import read_cell
+    from elastic_attention.evaluation.row_cells import read_cells
     from elastic_attention.head_sets import read_head_sets
     from elastic_attention.evaluation.suites import suite_of
     from elastic_attention.rows import encode_row
@@ -78,11 +77,8 @@ def main() -> None:
     started = time.time()
     with open(args.out, "w") as out:
         for folder in args.cells:
-            for path in sorted(Path(folder).glob("*_*.jsonl")):
-                header = json.loads(path.read_text().splitlines()[0])["cell"]
-                rows = read_cell(folder, task=header["task"], length=header["length"], seed=args.seed,
-                                 samples=min(args.samples, header["rows"]), tokenizer=tokenizer)
-                kind = suite_of(header["task"]).kind(header["task"])
+            for task, length, rows in read_cells(folder, seed=args.seed, samples=args.samples, tokenizer=tokenizer):
+                kind = suite_of(task).kind(task)
                 for index, row in enumerate(rows):
                     ids = torch.tensor([encode_row(tokenizer, row).prompt_ids], device=device)
                     store.clear()
@@ -90,11 +86,11 @@ def main() -> None:
                         model(input_ids=ids, use_cache=False, logits_to_keep=1)
                     # [statistics, counts, layers, Hkv]
                     signal = torch.stack([store[layer] for layer in sorted(store)], dim=2)
-                    out.write(json.dumps({"task": header["task"], "length": header["length"], "kind": kind,
+                    out.write(json.dumps({"task": task, "length": length, "kind": kind,
                                           "index": index, "tokens": ids.shape[1], "queries": counts,
                                           "statistics": list(STATISTICS),
                                           "signal": signal.tolist()}) + "\n")
-                print(f"{path.name}: {len(rows)} rows, {time.time() - started:.0f} s", flush=True)
+                print(f"{task}_{length}: {len(rows)} rows, {time.time() - started:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -74,14 +74,40 @@ def read_cell(folder: str | Path, *, task: str, length: int, seed: int, samples:
     path = cell_path(folder, task, length)
     if not path.is_file():
         return None
+    header, records = _parsed(path)
+    return _checked_rows(path, header, records, {"task": task, "length": length, "seed": seed}, samples, tokenizer)
+
+
+def read_cells(folder: str | Path, *, seed: int, samples: int, tokenizer) -> list[tuple[str, int, list[Row]]]:
+    """Every cell file in ``folder``, in file-name order: (task, length, its first ``samples`` rows, or all of a
+    cell holding fewer), each checked as `read_cell` checks one.
+
+    Raises:
+        InputError: as `read_cell`, for any of the files.
+    """
+    cells = []
+    for path in sorted(Path(folder).glob("*_*.jsonl")):
+        header, records = _parsed(path)
+        asked = {"task": header.get("task"), "length": header.get("length"), "seed": seed}
+        rows = _checked_rows(path, header, records, asked, min(samples, len(records)), tokenizer)
+        cells.append((header["task"], header["length"], rows))
+    return cells
+
+
+def _parsed(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A cell file's header and row records."""
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     try:
-        header = json.loads(lines[0])[HEADER_KEY]
-        records = [json.loads(line) for line in lines[1:]]
+        return json.loads(lines[0])[HEADER_KEY], [json.loads(line) for line in lines[1:]]
     except (IndexError, KeyError, TypeError, json.JSONDecodeError) as error:
         raise InputError(f"{path} is not a row-cell file (first line a {{\"cell\": ...}} header, then one row a "
                          f"line): {error!r}; write it with `elastic-attention rows`") from None
-    asked = {"task": task, "length": length, "seed": seed}
+
+
+def _checked_rows(path: Path, header: dict[str, Any], records: list[dict[str, Any]], asked: dict[str, Any],
+                  samples: int, tokenizer) -> list[Row]:
+    """The first ``samples`` rows of a parsed cell file, after checking its header against ``asked`` (task, length,
+    seed) and ``tokenizer``."""
     other = {key: header.get(key) for key in asked if header.get(key) != asked[key]}
     if other:
         raise InputError(f"{path} holds {other}, asked {asked}; write the cell again with `elastic-attention rows`")
