@@ -10,9 +10,11 @@
 #   1. validation, side by side: the signal features of every validation row with the floor set running
 #      (features.py), and the code suite's validation cells under full, all-SSA and the floor set (eval)
 #   2. select_router.py: the router chosen by the declared rule on those rows alone (adapter + selection.json)
-#   3. the held-out table, side by side: RULER 8K/16K and the code suite 8K/16K (50 rows a cell), RULER 4K/32K
-#      (20 rows), each under full, elastic (the chosen router), all-SSA and the floor set's search path at elastic's
-#      average MSR (heads); then the signal features of the RULER and code rows (what each input predicts there)
+#   3. the held-out table, side by side: first what the bars need, RULER and the code suite at 8K and 16K (50 rows
+#      a cell) under full, elastic (the chosen router) and the floor set's search path at elastic's average MSR
+#      (heads); then all-SSA on those cells, RULER 4K/32K (20 rows) under all four modes, and the signal features
+#      of the RULER and code rows (what each input predicts there). Every eval writes its eval.json after each
+#      cell, so a lease that ends early still returns the cells it finished.
 #   4. heldout_report.py: the merged table, the bars and the Pareto plot (report/real_model_1.5b_heldout_eval.*);
 #      input_auc.py: what each signal input predicts on the validation rows and, reported only, the held-out ones
 set -uo pipefail
@@ -44,20 +46,31 @@ $cli eval --model $MODEL --router $RUN/shipped --suite code --tasks all --length
 wait
 python3 $study/select_router.py --features features_val.jsonl --scores $study/results/broad_validation_scores.json \
   --eval code_val/eval.json --head-set $heads --model $MODEL --out selected > select.log 2>&1 || exit 1
-table() { $cli eval --model $MODEL --router $RUN/selected/adapter --modes full,elastic,sparse,heads --head-set $heads \
+table() { $cli eval --model $MODEL --router $RUN/selected/adapter --head-set $heads \
   "\$@" > \$(echo "\$@" | sed 's/.*--out //').log 2>&1; }
-table --suite ruler --tasks all --lengths 8k --samples 50 --rows $c/ruler --out ruler_8k &
-table --suite ruler --tasks all --lengths 16k --samples 50 --rows $c/ruler --out ruler_16k &
-table --suite code --tasks all --lengths 8k,16k --samples 50 --rows $c/code --out code_8k_16k &
-table --suite ruler --tasks all --lengths 4k,32k --samples 20 --rows $c/ruler --out ruler_4k_32k &
+# the bars first (8K and 16K: full, elastic, the search path at elastic's MSR), one process per cell group
+for length in 8k 16k; do
+  table --suite ruler --tasks all --lengths \$length --samples 50 --rows $c/ruler --modes full,elastic,heads \
+    --out ruler_\$length &
+  table --suite code --tasks all --lengths \$length --samples 50 --rows $c/code --modes full,elastic,heads \
+    --out code_\$length &
+done
+wait
+# then the rest of the table: all-SSA at 8K/16K, RULER at 4K and 32K, the held-out rows' signal features
+table --suite ruler --tasks all --lengths 8k,16k --samples 50 --rows $c/ruler --modes sparse --out ruler_sparse &
+table --suite code --tasks all --lengths 8k,16k --samples 50 --rows $c/code --modes sparse --out code_sparse &
+table --suite ruler --tasks all --lengths 4k --samples 20 --rows $c/ruler --modes full,elastic,heads,sparse \
+  --out ruler_4k &
+table --suite ruler --tasks all --lengths 32k --samples 20 --rows $c/ruler --modes full,elastic,heads,sparse \
+  --out ruler_32k &
 python3 $study/features.py --model $MODEL --head-set $heads --cells $c/ruler $c/code --seed 0 --samples 20 \
   --out features_heldout.jsonl > features_heldout.log 2>&1 &
 wait
-python3 $study/heldout_report.py ruler_8k/eval.json ruler_16k/eval.json code_8k_16k/eval.json ruler_4k_32k/eval.json \
+held=\$(ls ruler_*/eval.json code_8k/eval.json code_16k/eval.json code_sparse/eval.json 2>/dev/null)
+python3 $study/heldout_report.py \$held \
   --out report/real_model_1.5b_heldout_eval > report.log 2>&1
 python3 $study/input_auc.py --features features_val.jsonl --scores $study/results/broad_validation_scores.json \
-  --eval code_val/eval.json --heldout-features features_heldout.jsonl --heldout-eval ruler_8k/eval.json \
-  ruler_16k/eval.json ruler_4k_32k/eval.json code_8k_16k/eval.json --out report/input_auc.json > input_auc.log 2>&1
+  --eval code_val/eval.json --heldout-features features_heldout.jsonl --heldout-eval \$held --out report/input_auc.json > input_auc.log 2>&1
 CHAIN
     setsid nohup bash chain.sh > chain.log 2>&1 < /dev/null &
     echo \$! > chain.pid
