@@ -8,11 +8,11 @@
 # Rows travel as row cells in $CELLS (a .tgz staged beside the model parts, tree hidden): broad/ and code_val/ (validation, seed 777), ruler/ and code/
 # (the held-out table's rows, seed 0). The chain:
 #   1. validation, side by side: the signal features of every validation row with the floor set running
-#      (features.py), and the code suite's validation cells under full, all-SSA and the floor set (eval)
+#      (features.py), and the code suite's validation cells under full and all-SSA (eval: which rows need the far context)
 #   2. select_router.py: the router chosen by the declared rule on those rows alone (adapter + selection.json)
 #   3. the held-out table, side by side: first what the bars need, RULER and the code suite at 8K and 16K (50 rows
-#      a cell) under full, elastic (the chosen router) and the floor set's search path at elastic's average MSR
-#      (heads); then all-SSA on those cells, RULER 4K/32K (20 rows) under all four modes, and the signal features
+#      a cell) under full and elastic (the chosen router), RULER also under the floor set's search path at elastic's
+#      average MSR (heads); then the code suite under heads at its elastic MSR, all-SSA on those cells, RULER 4K/32K (20 rows) under all four modes, and the signal features
 #      of the RULER and code rows (what each input predicts there). Every eval writes its eval.json after each
 #      cell, so a lease that ends early still returns the cells it finished.
 #   4. heldout_report.py: the merged table, the bars and the Pareto plot (report/real_model_1.5b_heldout_eval.*);
@@ -42,21 +42,26 @@ export PYTHONPATH=$RUN/src:$study
 python3 $study/features.py --model $MODEL --head-set $heads --cells $c/broad $c/code_val --seed 777 --samples 12 \
   --out features_val.jsonl > features_val.log 2>&1 &
 $cli eval --model $MODEL --router $RUN/shipped --suite code --tasks all --lengths 8k,16k --samples 12 --seed 777 \
-  --rows $c/code_val --modes full,sparse,heads@0.5 --head-set $heads --out code_val > code_val.log 2>&1 &
+  --rows $c/code_val --modes full,sparse --out code_val > code_val.log 2>&1 &
 wait
 python3 $study/select_router.py --features features_val.jsonl --scores $study/results/broad_validation_scores.json \
   --eval code_val/eval.json --head-set $heads --model $MODEL --out selected > select.log 2>&1 || exit 1
 table() { $cli eval --model $MODEL --router $RUN/selected/adapter --head-set $heads \
   "\$@" > \$(echo "\$@" | sed 's/.*--out //').log 2>&1; }
-# the bars first (8K and 16K: full, elastic, the search path at elastic's MSR), one process per cell group
+# the bars first (8K and 16K: full and elastic; RULER also the search path at elastic's MSR), one process per cell group
 for length in 8k 16k; do
   table --suite ruler --tasks all --lengths \$length --samples 50 --rows $c/ruler --modes full,elastic,heads \
     --out ruler_\$length &
-  table --suite code --tasks all --lengths \$length --samples 50 --rows $c/code --modes full,elastic,heads \
+  table --suite code --tasks all --lengths \$length --samples 50 --rows $c/code --modes full,elastic \
     --out code_\$length &
 done
 wait
-# then the rest of the table: all-SSA at 8K/16K, RULER at 4K and 32K, the held-out rows' signal features
+# then the rest of the table: the code suite under the search path at its elastic MSR, all-SSA at 8K/16K, RULER at 4K and 32K, the held-out rows' signal features
+for length in 8k 16k; do
+  msr=\$(python3 -c "import json; c=[r for r in json.load(open('code_\$length/eval.json'))['results'] if r['mode']=='elastic']; print(sum(r['msr'] for r in c)/len(c))")
+  table --suite code --tasks all --lengths \$length --samples 50 --rows $c/code --modes heads --head-set-msr \$msr \
+    --out code_heads_\$length &
+done
 table --suite ruler --tasks all --lengths 8k,16k --samples 50 --rows $c/ruler --modes sparse --out ruler_sparse &
 table --suite code --tasks all --lengths 8k,16k --samples 50 --rows $c/code --modes sparse --out code_sparse &
 table --suite ruler --tasks all --lengths 4k --samples 20 --rows $c/ruler --modes full,elastic,heads,sparse \
@@ -66,7 +71,7 @@ table --suite ruler --tasks all --lengths 32k --samples 20 --rows $c/ruler --mod
 python3 $study/features.py --model $MODEL --head-set $heads --cells $c/ruler $c/code --seed 0 --samples 20 \
   --out features_heldout.jsonl > features_heldout.log 2>&1 &
 wait
-held=\$(ls ruler_*/eval.json code_8k/eval.json code_16k/eval.json code_sparse/eval.json 2>/dev/null)
+held=\$(ls ruler_*/eval.json code_8k/eval.json code_16k/eval.json code_heads_*/eval.json code_sparse/eval.json 2>/dev/null)
 python3 $study/heldout_report.py \$held \
   --out report/real_model_1.5b_heldout_eval > report.log 2>&1
 python3 $study/input_auc.py --features features_val.jsonl --scores $study/results/broad_validation_scores.json \
