@@ -46,8 +46,9 @@ $cli eval --model $MODEL --router $RUN/shipped --suite code --tasks all --length
 wait
 python3 $study/select_router.py --features features_val.jsonl --scores $study/results/broad_validation_scores.json \
   --eval code_val/eval.json --head-set $heads --model $MODEL --out selected > select.log 2>&1 || exit 1
-table() { $cli eval --model $MODEL --router $RUN/selected/adapter --head-set $heads \
-  "\$@" > \$(echo "\$@" | sed 's/.*--out //').log 2>&1; }
+table() {  # eval refuses --head-set without a heads mode
+  case "\$*" in *heads*) set -- "\$@" --head-set $heads ;; esac
+  $cli eval --model $MODEL --router $RUN/selected/adapter "\$@" > \$(echo "\$@" | sed 's/.*--out //; s/ .*//').log 2>&1; }
 # the bars first (8K and 16K: full and elastic; RULER also the search path at elastic's MSR), one process per cell group
 for length in 8k 16k; do
   table --suite ruler --tasks all --lengths \$length --samples 50 --rows $c/ruler --modes full,elastic,heads \

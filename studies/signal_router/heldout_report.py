@@ -134,11 +134,11 @@ def main() -> None:
     rows = document["results"]
     suites = {row["task"]: suite_of(row["task"]).name for row in rows}
     report = bars(rows, suites)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({**document, "bars": report}, indent=1))
-    out.with_suffix(".md").write_text(markdown(rows, report) + "\n")
-    plot(rows, suites, out.with_suffix(".png"))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    # appended, not Path.with_suffix: "real_model_1.5b_heldout_eval" has a dot of its own
+    Path(f"{args.out}.json").write_text(json.dumps({**document, "bars": report}, indent=1))
+    Path(f"{args.out}.md").write_text(markdown(rows, report) + "\n")
+    plot(rows, suites, Path(f"{args.out}.png"))
     print(markdown(rows, report))
 
 
