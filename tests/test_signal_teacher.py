@@ -12,7 +12,7 @@ import elastic_attention as ea
 from elastic_attention.patterns import SequenceLayout
 from elastic_attention.router.retrieval_signal import retrieval_signal
 from elastic_attention.training.data import Pack
-from elastic_attention.training.signal_teacher import teacher_loss, teacher_targets
+from elastic_attention.training.signal_teacher import sparsest_covering_set, teacher_loss, teacher_targets
 
 ELASTIC = dict(block_size=4, sink_tokens=4, local_tokens=8, xa_stride=4, signal_queries=5)
 
@@ -123,6 +123,7 @@ def test_a_head_set_router_learns_the_sparsest_set_that_keeps_the_needed_heads(s
     assert len(set(targets.tolist())) > 1
     uncovered = [row for row in range(4) if all(bool((needed[row] & ~sets[index]).any()) for index in range(3))]
     assert bool(uncovered) == (sets.sum(dim=(1, 2)).max() < sets[0].numel())  # the fallback is exercised without
+    assert torch.equal(sparsest_covering_set(needed, sets, 1 - sets.float().mean(dim=(1, 2))), targets)
     loss, _ = teacher_loss(model, inputs, needed)
     logits = router.choice_logits(inputs[0])
     assert float(loss.detach()) == pytest.approx(float(torch.nn.functional.cross_entropy(logits, targets).detach()),

@@ -73,6 +73,23 @@ def teacher_targets(model, pack: Pack, device: torch.device, threshold: float) -
     return inputs, needed
 
 
+def sparsest_covering_set(needed: torch.Tensor, sets: torch.Tensor, msrs: torch.Tensor) -> torch.Tensor:
+    """The head-set teacher's target per sample: the sparsest set keeping every needed head full, the densest when
+    none does.
+
+    Args:
+        needed: [N, R, Hkv] bool, the heads the teacher keeps full.
+        sets: [C, R, Hkv] bool, the router's sets (True = full attention).
+        msrs: [C] each set's MSR.
+
+    Returns:
+        [N] long, set indices.
+    """
+    covers = ~(needed[:, None] & ~sets[None]).flatten(2).any(dim=2)  # [N, C]
+    score = torch.where(covers, msrs[None].float(), -1.0 - msrs[None].float())
+    return score.argmax(dim=1)
+
+
 def teacher_loss(model, inputs: dict, needed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The routers' cross-entropy against the teacher, and each sample's expected MSR under the routers' softmax.
 
@@ -89,10 +106,8 @@ def teacher_loss(model, inputs: dict, needed: torch.Tensor) -> tuple[torch.Tenso
     if len(routers) == 1 and isinstance(next(iter(routers.values())), HeadSetRouter):
         (layer, router), = routers.items()
         sets = router.head_sets.bool()  # [C, R, Hkv]
-        covers = ~(needed[:, None].to(sets.device) & ~sets[None]).flatten(2).any(dim=2)  # [N, C]
         msrs = router.set_msrs().to(sets.device)
-        score = torch.where(covers, msrs[None].float(), -1.0 - msrs[None].float())
-        target = score.argmax(dim=1)  # the sparsest covering set; none covers: the densest
+        target = sparsest_covering_set(needed.to(sets.device), sets, msrs)
         logits = router.choice_logits(inputs[layer]) / router.temperature
         loss = torch.nn.functional.cross_entropy(logits, target)
         return loss, torch.softmax(logits, dim=-1) @ msrs.to(logits.dtype)
