@@ -24,15 +24,11 @@ from pathlib import Path
 
 import torch
 
+from input_auc import auc
 from select_router import read_scores
 
 THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 SET_MSRS = (0.5, 0.6, 0.7, 0.8)
-
-
-def auc(higher: torch.Tensor, lower: torch.Tensor) -> float:
-    """P(a value of ``higher`` exceeds one of ``lower``), ties counted half."""
-    return float((higher[:, None] > lower[None]).float().mean() + 0.5 * (higher[:, None] == lower[None]).float().mean())
 
 
 def main() -> None:
@@ -70,7 +66,7 @@ def main() -> None:
                     "head_set": {"needy_on_floor_or_denser": float((head_set[need] <= msrs[0] + 1e-6).float().mean()),
                                  "needy_msr": float(head_set[need].mean()), "other_msr": float(head_set[~need].mean())},
                     "per_head": {"needy_msr": float(per_head[need].mean()), "other_msr": float(per_head[~need].mean()),
-                                 "auc_other_sparser": auc(per_head[~need], per_head[need])},
+                                 "auc_other_sparser": auc(per_head.tolist(), (~need).tolist())},
                 })
     result = {"rule": __doc__.split("\n\n")[1].replace("\n", " "), "validation_rows": len(keys),
               "needy_rows": int(need.sum()), "set_msrs": msrs.tolist(), "settings": settings}
