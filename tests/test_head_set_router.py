@@ -121,6 +121,9 @@ def test_a_run_trains_a_head_set_router_from_a_search_file(tmp_path, random_suit
     sets = torch.tensor([[[True, True], [True, True]], [[False, False], [False, True]],
                          [[False, False], [False, False]]])
     assert torch.equal(config.head_set_choices(), sets)
+    assert torch.equal(config.head_set_choices((2, 2)), sets)
+    with pytest.raises(ConfigError, match=r"sets of shape \[2, 2\] .* but the model routes \[3, 2\]"):
+        config.head_set_choices((3, 2))
     trainer = RouterTrainer(config, progress=False)
     trainer.setup()
     (router,) = ea.routers_of(trainer.model).values()

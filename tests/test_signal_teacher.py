@@ -70,6 +70,23 @@ def test_the_targets_are_the_signal_of_each_samples_prompt_under_full_attention(
     assert ea.routing_report(model).msr.max() == 0.0 and ea.integration.runtime_of(model).routing.forced is None
 
 
+
+def test_the_per_prompt_teacher_needs_every_head_of_a_prompt_whose_layer_signal_reaches_the_threshold():
+    pack = _pack([37, 29, 41, 23, 31], [30, 29, 33, 20, 17], seed=4)
+    expected = _plain_signals(pack)  # [N, layers, Hkv]
+    model = tiny_model("llama", layers=3)
+    ea.attach(model, ea.ElasticConfig(**ELASTIC), backend="reference")
+    prompt_signal = [max(float(value) for value in expected[row, 1]) for row in range(5)]  # layer 1, per prompt
+    threshold = sorted(prompt_signal)[2]
+    _, needed = teacher_targets(model, pack, torch.device("cpu"), threshold, layer=1)
+    assert needed.shape == (5, 3, 2)
+    for row in range(5):
+        assert bool(needed[row].all()) == (prompt_signal[row] >= threshold) and bool(needed[row].any()) == bool(
+            needed[row].all())
+    assert 0 < int(needed[:, 0, 0].sum()) < 5
+    with pytest.raises(ea.ConfigError, match="`signal_teacher_layer` 3 is not a routed layer"):
+        teacher_targets(model, pack, torch.device("cpu"), threshold, layer=3)
+
 def test_per_head_routers_learn_the_teachers_heads():
     """Oracle: the cross-entropy of each head's logits against its target, written per head; then training on it
     alone makes the routers' argmax agree with the targets on the pack it saw."""

@@ -882,6 +882,8 @@ def _prompts_of(pack):
     ({"router_objective": "teacher"}, "must be one of"),
     ({"router_objective": "both", "signal_teacher_threshold": 0.0}, "must be in \\(0, 1\\]"),
     ({"router_objective": "both", "signal_teacher_weight": -1.0}, "`signal_teacher_weight` positive"),
+    ({"router_objective": "both", "signal_teacher_layer": -2}, "a layer index \\(>= 0\\) or null"),
+    ({"router_objective": "both", "signal_teacher_layer": 2.5}, "must be an integer"),
 ])
 def test_fresh_rows_and_signal_routers_refuse_what_they_cannot_train(extra, message):
     from elastic_attention.training.train_config import DataConfig

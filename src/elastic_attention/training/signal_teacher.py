@@ -6,6 +6,7 @@ runs one no-grad forward of a pack with every head full, reading per routed laye
 pooled keys) and the signal of each sample and KV head, and gives the routers a cross-entropy against it: a
 per-head router against each of its heads' need, a `HeadSetRouter` against the sparsest of its sets that keeps
 every needed head full (the densest when none does). Any long text teaches it: a row needs no task or target.
+The per-prompt teacher reads one layer instead: a prompt whose signal there reaches tau needs every head, else none.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
+from elastic_attention.errors import ConfigError
 from elastic_attention.integration import force_routing, routers_of, runtime_of
 from elastic_attention.router import HeadSetRouter
 from elastic_attention.router.retrieval_signal import retrieval_signal
@@ -54,14 +56,25 @@ def reading_signals(model):
         del runtime.attention, routing.route  # the class's methods again
 
 
-def teacher_targets(model, pack: Pack, device: torch.device, threshold: float) -> tuple[dict, torch.Tensor]:
+def teacher_targets(model, pack: Pack, device: torch.device, threshold: float,
+                    layer: int | None = None) -> tuple[dict, torch.Tensor]:
     """One no-grad forward of ``pack`` with every routed head full.
+
+    ``layer`` None: each head is needed when its own signal reaches ``threshold``. ``layer`` a routed layer: the
+    per-prompt teacher, every head of a sample is needed when that layer's signal, the largest over its KV heads,
+    reaches ``threshold``, and none otherwise (a head-set router then learns its densest set or its sparsest).
 
     Returns:
         (inputs, needed): layer -> [N, Hkv, D] the routers' input per routed layer, and [N, R, Hkv] bool, the
-        heads whose signal reaches ``threshold`` (R routed layers, in order).
+        heads needed (R routed layers, in order).
+
+    Raises:
+        ConfigError: ``layer`` is not a routed layer.
     """
     runtime = runtime_of(model)
+    if layer is not None and layer not in runtime.routed_layers:
+        raise ConfigError(f"`signal_teacher_layer` {layer} is not a routed layer of this model "
+                          f"({list(runtime.routed_layers)}): give one of them, or null for the per-head teacher")
     forced = runtime.routing.forced
     force_routing(model, "full")
     try:
@@ -69,7 +82,10 @@ def teacher_targets(model, pack: Pack, device: torch.device, threshold: float) -
             forward_pack(model, pack, device, logits_to_keep=1)
     finally:
         runtime.routing.forced = forced
-    needed = torch.stack([signals[layer] >= threshold for layer in runtime.routed_layers], dim=1)
+    if layer is not None:
+        prompt = signals[layer].amax(dim=1) >= threshold  # [N]
+        return inputs, prompt[:, None, None].expand(-1, len(runtime.routed_layers), runtime.num_kv_heads).clone()
+    needed = torch.stack([signals[index] >= threshold for index in runtime.routed_layers], dim=1)
     return inputs, needed
 
 

@@ -159,6 +159,9 @@ class TrainConfig:
         signal_teacher_threshold: the teacher's tau, in (0, 1]: a KV head whose prompt's last queries put at least
             this share of their attention where SSA cannot see (measured under full attention with
             ``elastic.signal_queries`` and ``elastic.signal_statistic``) should run full attention.
+        signal_teacher_layer: None: the per-head teacher above; a routed layer's index: the per-prompt teacher, a
+            prompt whose signal at that layer (the largest over its KV heads) reaches the threshold needs every head
+            full, another none (a head-set router learns its densest set or its sparsest).
         signal_teacher_weight: the teacher's weight in ``"both"``.
         initial_router: a router adapter folder (`save_router`'s, e.g. a finished run's ``router/``) to start from:
             its weights, input statistics and pins replace the routers' initialization (no calibration), so a run
@@ -205,6 +208,7 @@ class TrainConfig:
     set_losses_file: str | None = None
     router_objective: str = "paper"
     signal_teacher_threshold: float = 0.2
+    signal_teacher_layer: int | None = None
     signal_teacher_weight: float = 1.0
     initial_router: str | None = None
     checkpoint_every: int = 0
@@ -322,6 +326,9 @@ class TrainConfig:
         if not 0 < self.signal_teacher_threshold <= 1 or not self.signal_teacher_weight > 0:
             raise ConfigError(f"`signal_teacher_threshold` must be in (0, 1] and `signal_teacher_weight` positive, got "
                               f"{self.signal_teacher_threshold} and {self.signal_teacher_weight}")
+        if self.signal_teacher_layer is not None and self.signal_teacher_layer < 0:  # its type is checked above
+            raise ConfigError(f"`signal_teacher_layer` must be a layer index (>= 0) or null, got "
+                              f"{self.signal_teacher_layer!r}")
         if self.router_objective != "paper" and self.head_set_objective == "expected":
             raise ConfigError("the signal teacher trains on sampled routing: use `head_set_objective: sampled`")
 
@@ -368,17 +375,22 @@ class TrainConfig:
                               "file (the --out file of `elastic-attention search-heads`)")
         self.head_set_choices()
 
-    def head_set_choices(self) -> torch.Tensor | None:
+    def head_set_choices(self, model_shape: tuple[int, int] | None = None) -> torch.Tensor | None:
         """[C, routed layers, Hkv] bool, the sets of ``head_set_choices_msrs`` then ``head_set_choices_extra`` (True =
-        full attention), or ``None``.
+        full attention), or ``None``. ``model_shape``: the model's (routed layers, Hkv), checked when given.
 
         Raises:
             ConfigError: an MSR outside [0, 1] or not reached by its file, an extra entry not of the form
-                ``FILE@MSR``, or a file whose sets have another shape than ``initial_full_heads``'.
+                ``FILE@MSR``, a file whose sets have another shape than ``initial_full_heads``', or sets of another
+                shape than ``model_shape``.
         """
         if self.head_set_choices_msrs is None:
             return None
         sets = read_head_sets(self.initial_full_heads, option="initial_full_heads")
+        if model_shape is not None and tuple(sets.shape) != tuple(model_shape):
+            raise ConfigError(f"`initial_full_heads` {self.initial_full_heads} holds sets of shape {list(sets.shape)} "
+                              f"([routed layers, KV heads]) but the model routes {list(model_shape)}: give a file "
+                              "that `elastic-attention search-heads` wrote for this model")
         chosen = [_set_at(sets, msr, "head_set_choices_msrs") for msr in self.head_set_choices_msrs]
         for entry in self.head_set_choices_extra or []:
             file, msr = split_set_reference(entry, option="head_set_choices_extra")

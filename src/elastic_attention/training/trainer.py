@@ -116,7 +116,7 @@ class RouterTrainer:
             router.float()
         if config.initial_router is not None:  # before sharding; a resumed run's checkpoint replaces it
             load_router(model, config.initial_router)  # its elastic settings are this run's (TrainConfig checks)
-        choices = config.head_set_choices()
+        choices = config.head_set_choices((len(runtime_of(model).routed_layers), runtime_of(model).num_kv_heads))
         if choices is not None:  # before sharding; a resumed run's checkpoint replaces them
             routers[min(routers)].set_head_sets(choices.to(self.device))
             if self.rank == 0:
@@ -414,8 +414,8 @@ class RouterTrainer:
             noise_seed = config.seed * 1_000_003 + self.step * 1009 + position
             teacher = zero = torch.zeros((), device=self.device)
             if config.router_objective != "paper":
-                teacher, msr = teacher_loss(self.model, *teacher_targets(self.model, pack, self.device,
-                                                                         config.signal_teacher_threshold))
+                teacher, msr = teacher_loss(self.model, *teacher_targets(
+                    self.model, pack, self.device, config.signal_teacher_threshold, config.signal_teacher_layer))
                 sums["teacher_loss"] += float(teacher.detach())
             if config.router_objective == "signal_teacher":  # no LM term, no MSR targets: the teacher alone
                 lm_loss, regularisation, per_sample, tokens = zero, zero, torch.zeros(len(pack.tasks)), None
