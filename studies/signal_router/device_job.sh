@@ -8,16 +8,25 @@
 # Rows travel as row cells in $CELLS (a .tgz staged beside the model parts, tree hidden): broad/ and code_val/ (validation, seed 777), ruler/ and code/
 # (the held-out table's rows, seed 0). The chain:
 #   1. validation, side by side: the signal features of every validation row with the floor set running
-#      (features.py), and the code suite's validation cells under full and all-SSA (eval: which rows need the far context)
+#      (features.py), and the code suite's validation cells under full and all-SSA (eval: which rows need the far
+#      context)
 #   2. select_router.py: the router chosen by the declared rule on those rows alone (adapter + selection.json)
 #   3. the held-out table, side by side: first what the bars need, RULER and the code suite at 8K and 16K (50 rows
 #      a cell) under full and elastic (the chosen router), RULER also under the floor set's search path at elastic's
-#      average MSR (heads); then the code suite under heads at its elastic MSR, all-SSA on those cells, RULER 4K/32K (20 rows) under all four modes, and the signal features
+#      average MSR (heads); then the code suite under heads at its elastic MSR, all-SSA on those cells, RULER
+#      4K/32K (20 rows) under all four modes, and the signal features
 #      of the RULER and code rows (what each input predicts there). Every eval writes its eval.json after each
 #      cell, so a lease that ends early still returns the cells it finished.
 #   4. heldout_report.py: the merged table, the bars and the Pareto plot (report/real_model_1.5b_heldout_eval.*);
 #      input_auc.py: what each signal input predicts on the validation rows and, reported only, the held-out ones
+#
+# JOB=prompt_teacher runs the next step instead: the floor chosen on validation rows (select_floor.py over the search
+# path's points at MSR 0.3 / 0.4 / 0.5 on the broad and code validation cells), the per-prompt teacher trained with
+# that floor (configs/qwen2.5_coder_1.5b_broad_prompt_teacher_head_set.yaml), then its held-out cells at 8K / 16K
+# (elastic, and heads at its MSR) before all-SSA and 4K / 32K. Full attention's 8K / 16K cells are the signal
+# router's run's (same rows and seed): merge them on the CPU (`eval-merge FILES --modes full`).
 set -uo pipefail
+JOB=${JOB:-signal}
 MODEL=${MODEL:-/tmp/qwen2.5-coder-1.5b-instruct}
 SHIPPED=${SHIPPED:-src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct}
 HEAD_SET=${HEAD_SET:-benchmarks/results/real_model_1.5b_head_set_search_2026-12-03.json}
@@ -35,6 +44,50 @@ case "${1:-}" in
     cd "$RUN"
     c=$RUN/cells heads=$RUN/$(basename "$HEAD_SET") study=$RUN/studies/signal_router
     cli="python3 -m elastic_attention.cli"
+    table_definition() {  # the chain's table(): an eval of the router at $1 (eval refuses --head-set without heads)
+      cat <<TABLE
+table() {
+  case "\$*" in *heads*) set -- "\$@" --head-set $heads ;; esac
+  $cli eval --model $MODEL --router $1 "\$@" > \$(echo "\$@" | sed 's/.*--out //; s/ .*//').log 2>&1; }
+TABLE
+    }
+    rest_of_table() {  # all-SSA at 8K and 16K, and RULER at 4K and 32K under every mode
+      cat <<REST
+table --suite ruler --tasks all --lengths 8k,16k --samples 50 --rows $c/ruler --modes sparse --out ruler_sparse &
+table --suite code --tasks all --lengths 8k,16k --samples 50 --rows $c/code --modes sparse --out code_sparse &
+table --suite ruler --tasks all --lengths 4k --samples 20 --rows $c/ruler --modes full,elastic,heads,sparse \
+  --out ruler_4k &
+table --suite ruler --tasks all --lengths 32k --samples 20 --rows $c/ruler --modes full,elastic,heads,sparse \
+  --out ruler_32k &
+REST
+    }
+    if [ "$JOB" = prompt_teacher ]; then
+    cat > chain.sh <<CHAIN
+set -u
+cd $RUN
+export PYTHONPATH=$RUN/src:$study
+$cli eval --model $MODEL --router $RUN/shipped --suite broad --tasks all --lengths 8k,16k --samples 12 --seed 777 \
+  --rows $c/broad --modes heads@0.3,heads@0.4 --head-set $heads --out floor_broad > floor_broad.log 2>&1 &
+$cli eval --model $MODEL --router $RUN/shipped --suite code --tasks all --lengths 8k,16k --samples 12 --seed 777 \
+  --rows $c/code_val --modes heads@0.3,heads@0.4,heads@0.5 --head-set $heads --out floor_code > floor_code.log 2>&1 &
+wait
+msr=\$(python3 $study/select_floor.py --scores $study/results/broad_validation_scores.json --eval \
+  $study/results/code_validation_eval_h100_2026-12-07.json floor_broad/eval.json floor_code/eval.json \
+  --candidates 0.3 0.4 0.5 --out floor.json 2> select_floor.log) || exit 1
+$cli train $study/configs/qwen2.5_coder_1.5b_broad_prompt_teacher_head_set.yaml model=$MODEL output_dir=$RUN/run \
+  initial_full_heads=$heads "head_set_choices_msrs=[\$msr,1.0]" --no-progress > train.log 2>&1 || exit 1
+$(table_definition $RUN/run/router)
+for length in 8k 16k; do
+  table --suite ruler --tasks all --lengths \$length --samples 50 --rows $c/ruler --modes elastic,heads \
+    --out ruler_\$length &
+  table --suite code --tasks all --lengths \$length --samples 50 --rows $c/code --modes elastic,heads \
+    --out code_\$length &
+done
+wait
+$(rest_of_table)
+wait
+CHAIN
+    else
     cat > chain.sh <<CHAIN
 set -u
 cd $RUN
@@ -46,9 +99,7 @@ $cli eval --model $MODEL --router $RUN/shipped --suite code --tasks all --length
 wait
 python3 $study/select_router.py --features features_val.jsonl --scores $study/results/broad_validation_scores.json \
   --eval code_val/eval.json --head-set $heads --model $MODEL --out selected > select.log 2>&1 || exit 1
-table() {  # eval refuses --head-set without a heads mode
-  case "\$*" in *heads*) set -- "\$@" --head-set $heads ;; esac
-  $cli eval --model $MODEL --router $RUN/selected/adapter "\$@" > \$(echo "\$@" | sed 's/.*--out //; s/ .*//').log 2>&1; }
+$(table_definition $RUN/selected/adapter)
 # the bars first (8K and 16K: full and elastic; RULER also the search path at elastic's MSR), one process per cell group
 for length in 8k 16k; do
   table --suite ruler --tasks all --lengths \$length --samples 50 --rows $c/ruler --modes full,elastic,heads \
@@ -57,18 +108,14 @@ for length in 8k 16k; do
     --out code_\$length &
 done
 wait
-# then the rest of the table: the code suite under the search path at its elastic MSR, all-SSA at 8K/16K, RULER at 4K and 32K, the held-out rows' signal features
+# then the rest of the table: the code suite under the search path at its elastic MSR, all-SSA at 8K/16K, RULER at
+# 4K and 32K, the held-out rows' signal features
 for length in 8k 16k; do
   msr=\$(python3 -c "import json; c=[r for r in json.load(open('code_\$length/eval.json'))['results'] if r['mode']=='elastic']; print(sum(r['msr'] for r in c)/len(c))")
   table --suite code --tasks all --lengths \$length --samples 50 --rows $c/code --modes heads --head-set-msr \$msr \
     --out code_heads_\$length &
 done
-table --suite ruler --tasks all --lengths 8k,16k --samples 50 --rows $c/ruler --modes sparse --out ruler_sparse &
-table --suite code --tasks all --lengths 8k,16k --samples 50 --rows $c/code --modes sparse --out code_sparse &
-table --suite ruler --tasks all --lengths 4k --samples 20 --rows $c/ruler --modes full,elastic,heads,sparse \
-  --out ruler_4k &
-table --suite ruler --tasks all --lengths 32k --samples 20 --rows $c/ruler --modes full,elastic,heads,sparse \
-  --out ruler_32k &
+$(rest_of_table)
 python3 $study/features.py --model $MODEL --head-set $heads --cells $c/ruler $c/code --seed 0 --samples 20 \
   --out features_heldout.jsonl > features_heldout.log 2>&1 &
 wait
@@ -78,6 +125,7 @@ python3 $study/heldout_report.py \$held \
 python3 $study/input_auc.py --features features_val.jsonl --scores $study/results/broad_validation_scores.json \
   --eval code_val/eval.json --heldout-features features_heldout.jsonl --heldout-eval \$held --out report/input_auc.json > input_auc.log 2>&1
 CHAIN
+    fi
     setsid nohup bash chain.sh > chain.log 2>&1 < /dev/null &
     echo \$! > chain.pid
     sleep 30
@@ -90,9 +138,10 @@ CHAIN
     done
     cd "$RUN"
     for log in *.log; do echo "== $log"; tr '\r' '\n' < "$log" | grep -v '^$' | tail -n 2 | cut -c1-300; done
-    tar czf "$OUT/signal_router.tgz" --exclude=cells --exclude=src --exclude=studies --exclude=shipped \
+    tar czf "$OUT/signal_router.tgz" --exclude=cells --exclude=src --exclude=studies --exclude=shipped --exclude=run \
       --exclude='*.json' --exclude=chain.sh . 2>/dev/null
-    tar czf "$OUT/signal_router_json.tgz" selected/selection.json selected/adapter */eval.json report 2>/dev/null
+    tar czf "$OUT/signal_router_json.tgz" selected/selection.json selected/adapter floor.json run/router run/metrics.csv \
+      run/summary.json */eval.json report 2>/dev/null
     ls -la "$OUT"
     pgrep -f "bash chain.sh" > /dev/null || echo finished ;;
   *)
