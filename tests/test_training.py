@@ -884,6 +884,7 @@ def _prompts_of(pack):
     ({"router_objective": "both", "signal_teacher_weight": -1.0}, "`signal_teacher_weight` positive"),
     ({"router_objective": "both", "signal_teacher_layer": -2}, "a layer index \\(>= 0\\) or null"),
     ({"router_objective": "both", "signal_teacher_layer": 2.5}, "must be an integer"),
+    ({"signal_teacher_layer": 3}, "which `router_objective: paper` does not use"),
 ])
 def test_fresh_rows_and_signal_routers_refuse_what_they_cannot_train(extra, message):
     from elastic_attention.training.train_config import DataConfig

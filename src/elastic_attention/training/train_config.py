@@ -329,6 +329,9 @@ class TrainConfig:
         if self.signal_teacher_layer is not None and self.signal_teacher_layer < 0:  # its type is checked above
             raise ConfigError(f"`signal_teacher_layer` must be a layer index (>= 0) or null, got "
                               f"{self.signal_teacher_layer!r}")
+        if self.signal_teacher_layer is not None and self.router_objective == "paper":
+            raise ConfigError("`signal_teacher_layer` sets the signal teacher, which `router_objective: paper` does "
+                              "not use: choose `signal_teacher` or `both`, or drop it")
         if self.router_objective != "paper" and self.head_set_objective == "expected":
             raise ConfigError("the signal teacher trains on sampled routing: use `head_set_objective: sampled`")
 
