@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import torch
-from select_router import read_scores
+from select_router import labelled, read_features, read_scores
 
 
 def auc(scores: list[float], labels: list[bool]) -> float:
@@ -34,12 +34,10 @@ def auc(scores: list[float], labels: list[bool]) -> float:
 
 def input_aucs(records: list[dict], scores: dict, margin: float = 0.5) -> dict[str, float]:
     """``"statistic q=Q layer L"`` -> AUC over the records that have full and all-SSA scores."""
-    kept = [r for r in records if {"full", "sparse"} <= set(scores.get((r["task"], r["length"], r["index"]), {}))]
+    kept, need, signal = labelled(records, scores, margin)
     if not kept:
         return {}
-    labels = [scores[(r["task"], r["length"], r["index"])]["full"]
-              - scores[(r["task"], r["length"], r["index"])]["sparse"] >= margin for r in kept]
-    signal = torch.tensor([r["signal"] for r in kept])  # [rows, statistics, counts, layers, Hkv]
+    labels = need.tolist()
     result = {}
     for kind, statistic in enumerate(kept[0]["statistics"]):
         for position, count in enumerate(kept[0]["queries"]):
@@ -59,13 +57,10 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    def read(path):
-        return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-    validation = input_aucs(read(args.features), read_scores(args.scores, args.eval))
+    validation = input_aucs(read_features(args.features), read_scores(args.scores, args.eval))
     heldout = {}
     if args.heldout_features:
-        records = read(args.heldout_features)
+        records = read_features(args.heldout_features)
         scores = read_scores(None, args.heldout_eval)
         suites = {r["task"]: _suite(r["task"]) for r in records}
         heldout = {suite: input_aucs([r for r in records if suites[r["task"]] == suite], scores)

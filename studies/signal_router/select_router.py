@@ -16,6 +16,7 @@ the sparse set's from all-SSA, a lower bound).
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 from collections import defaultdict
@@ -37,6 +38,23 @@ def read_scores(scores_file: str | None, eval_files: list[str]) -> dict:
             for index, value in enumerate(cell["row_accuracy"]):
                 scores[(cell["task"], cell["length"], index)][cell["mode"]] = value
     return scores
+
+
+def read_features(path: str) -> list[dict]:
+    """features.py's records, from a .jsonl file or a gzipped one (.jsonl.gz)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def labelled(records: list[dict], scores: dict, margin: float) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
+    """The records that have full and all-SSA scores, whether each needs the far context (full attention beats
+    all-SSA by ``margin``: [rows] bool) and their signals ([rows, statistics, counts, layers, Hkv])."""
+    kept = [r for r in records if {"full", "sparse"} <= set(scores.get((r["task"], r["length"], r["index"]), {}))]
+    modes = [scores[(r["task"], r["length"], r["index"])] for r in kept]
+    need = torch.tensor([row["full"] - row["sparse"] >= margin for row in modes], dtype=torch.bool)
+    signal = torch.tensor([r["signal"] for r in kept]) if kept else torch.empty(0)
+    return kept, need, signal
 
 
 def sets_for(floor: torch.Tensor, layer: int) -> torch.Tensor:
@@ -62,13 +80,11 @@ def main() -> None:
     from elastic_attention.router.floor import signal_floor_threshold
 
     scores = read_scores(args.scores, args.eval)
-    records = [json.loads(line) for line in Path(args.features).read_text().splitlines() if line.strip()]
-    records = [r for r in records if {"full", "sparse"} <= set(scores.get((r["task"], r["length"], r["index"]), {}))]
+    records, need_mask, signal = labelled(read_features(args.features), scores, args.margin)
     if not records:
         raise SystemExit("no validation row has both features and full / all-SSA scores")
     keys = [(r["task"], r["length"], r["index"]) for r in records]
-    need = [scores[key]["full"] - scores[key]["sparse"] >= args.margin for key in keys]
-    signal = torch.tensor([r["signal"] for r in records])  # [rows, statistics, counts, layers, Hkv]
+    need = need_mask.tolist()
     counts, statistics = records[0]["queries"], records[0]["statistics"]
     floor = read_head_sets(args.head_set).at(args.msr)
     layers = floor.shape[0]

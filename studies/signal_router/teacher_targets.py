@@ -18,14 +18,13 @@ with the floor set running, a close stand-in for the full attention under which 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
 
 import torch
 
 from input_auc import auc
-from select_router import read_scores
+from select_router import labelled, read_features, read_scores
 
 THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 SET_MSRS = (0.5, 0.6, 0.7, 0.8)
@@ -43,14 +42,9 @@ def main() -> None:
     from elastic_attention.head_sets import read_head_sets
     from elastic_attention.training.signal_teacher import sparsest_covering_set
 
-    opener = gzip.open if args.features.endswith(".gz") else open
-    with opener(args.features, "rt") as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
-    scores = read_scores(args.scores, args.eval)
-    records = [r for r in records if {"full", "sparse"} <= set(scores.get((r["task"], r["length"], r["index"]), {}))]
-    keys = [(r["task"], r["length"], r["index"]) for r in records]
-    need = torch.tensor([scores[key]["full"] - scores[key]["sparse"] >= args.margin for key in keys])
-    signal = torch.tensor([r["signal"] for r in records])  # [rows, statistics, counts, layers, Hkv]
+    records, need, signal = labelled(read_features(args.features), read_scores(args.scores, args.eval), args.margin)
+    if not records:
+        raise SystemExit("no validation row has both features and full / all-SSA scores")
     head_sets = read_head_sets(args.head_set)
     sets = torch.stack([head_sets.at(msr) for msr in SET_MSRS] + [torch.zeros_like(head_sets.at(SET_MSRS[0]))])
     msrs = 1.0 - sets.float().mean(dim=(1, 2))
@@ -68,7 +62,7 @@ def main() -> None:
                     "per_head": {"needy_msr": float(per_head[need].mean()), "other_msr": float(per_head[~need].mean()),
                                  "auc_other_sparser": auc(per_head.tolist(), (~need).tolist())},
                 })
-    result = {"rule": __doc__.split("\n\n")[1].replace("\n", " "), "validation_rows": len(keys),
+    result = {"rule": __doc__.split("\n\n")[1].replace("\n", " "), "validation_rows": len(records),
               "needy_rows": int(need.sum()), "set_msrs": msrs.tolist(), "settings": settings}
     Path(args.out).write_text(json.dumps(result, indent=1))
     for item in settings:
