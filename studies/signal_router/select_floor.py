@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -63,6 +64,8 @@ def main() -> None:
     rule = __doc__.split("\n\n")[1].replace("\n", " ")
     Path(args.out).write_text(json.dumps({"rule": rule, "mean": args.mean, "cell": args.cell,
                                           "floor_full": args.floor_full, **result}, indent=1))
+    if result["none_passed"]:
+        print(f"no candidate keeps the validation cells: the densest, MSR {result['chosen_msr']:g}", file=sys.stderr)
     print(result["chosen_msr"])
 
 
