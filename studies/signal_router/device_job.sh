@@ -24,11 +24,15 @@
 # search path's points at MSR 0.3 / 0.4 / 0.5 on the broad and code validation cells), the per-prompt teacher trained with
 # that floor (configs/qwen2.5_coder_1.5b_broad_prompt_teacher_head_set.yaml) beside the paper's per-head routers on the
 # same data and budget with that floor's MSR as the sensitive target (configs/qwen2.5_coder_1.5b_broad_paper_per_head.yaml),
-# then the head-set router's held-out cells at 8K / 16K (elastic, and heads at its MSR), the per-head router's
-# (elastic), and all-SSA and 4K / 32K. Full attention's 8K / 16K cells are the signal
+# then the head-set router's held-out cells at 8K / 16K (elastic; RULER also heads at its MSR), the per-head router's
+# (elastic), and all-SSA and 4K / 32K. PER_HEAD=0 leaves the per-head router out (the GPU to the head-set router);
+# FLOOR=MSR skips the floor's validation cells and uses that point; TRAIN_SECONDS (240) caps each training. Full attention's 8K / 16K cells are the signal
 # router's run's (same rows and seed): merge them on the CPU (`eval-merge FILES --modes full`).
 set -uo pipefail
 JOB=${JOB:-signal}
+PER_HEAD=${PER_HEAD:-1}
+FLOOR=${FLOOR:-}
+TRAIN_SECONDS=${TRAIN_SECONDS:-240}
 MODEL=${MODEL:-/tmp/qwen2.5-coder-1.5b-instruct}
 SHIPPED=${SHIPPED:-src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct}
 HEAD_SET=${HEAD_SET:-benchmarks/results/real_model_1.5b_head_set_search_2026-12-03.json}
@@ -68,6 +72,7 @@ REST
 set -u
 cd $RUN
 export PYTHONPATH=$RUN/src:$study
+if [ -n "$FLOOR" ]; then msr=$FLOOR; echo "floor MSR \$msr (set by FLOOR, not measured)" > select_floor.log; else
 $cli eval --model $MODEL --router $RUN/shipped --suite broad --tasks all --lengths 8k,16k --samples 12 --seed 777 \
   --rows $c/broad --modes heads@0.4 --head-set $heads --out floor_broad > floor_broad.log 2>&1 &
 $cli eval --model $MODEL --router $RUN/shipped --suite code --tasks all --lengths 8k,16k --samples 12 --seed 777 \
@@ -80,20 +85,22 @@ msr=\$(python3 $study/select_floor.py --scores $study/results/broad_validation_s
   $study/results/code_validation_eval_h100_2026-12-07.json floor_broad/eval.json floor_code/eval.json \
   --candidates 0.4 0.5 --out floor.json 2> select_floor.log) || exit 1
 grep -q '"none_passed": true' floor.json && msr=0.3
+fi
 echo "floor MSR \$msr" >> select_floor.log
-sensitive=\$(for task in fact_single fact_multikey log_lookup; do printf 'targets.%s=%s ' \$task \$msr; done)
-$cli train $study/configs/qwen2.5_coder_1.5b_broad_paper_per_head.yaml model=$MODEL output_dir=$RUN/run_per_head \
-  initial_full_heads=$heads initial_full_heads_msr=\$msr \$sensitive --no-progress > train_per_head.log 2>&1 &
+if [ "$PER_HEAD" = 1 ]; then
+  sensitive=\$(for task in fact_single fact_multikey log_lookup; do printf 'targets.%s=%s ' \$task \$msr; done)
+  $cli train $study/configs/qwen2.5_coder_1.5b_broad_paper_per_head.yaml model=$MODEL output_dir=$RUN/run_per_head \
+    initial_full_heads=$heads initial_full_heads_msr=\$msr \$sensitive max_seconds=$TRAIN_SECONDS --no-progress > train_per_head.log 2>&1 &
+fi
 $cli train $study/configs/qwen2.5_coder_1.5b_broad_prompt_teacher_head_set.yaml model=$MODEL output_dir=$RUN/run \
-  initial_full_heads=$heads "head_set_choices_msrs=[\$msr,1.0]" --no-progress > train.log 2>&1 || exit 1
+  initial_full_heads=$heads "head_set_choices_msrs=[\$msr,1.0]" max_seconds=$TRAIN_SECONDS --no-progress > train.log 2>&1 || exit 1
 wait
 $(table_definition $RUN/run/router)
 $(table_definition $RUN/run_per_head/router table_per_head)
 for length in 8k 16k; do
   table --suite ruler --tasks all --lengths \$length --samples 50 --rows $c/ruler --modes elastic,heads \
     --out ruler_\$length &
-  table --suite code --tasks all --lengths \$length --samples 50 --rows $c/code --modes elastic,heads \
-    --out code_\$length &
+  table --suite code --tasks all --lengths \$length --samples 50 --rows $c/code --modes elastic --out code_\$length &
 done
 wait
 # the per-head router (the paper's objective, same data and budget): its elastic cells at 8K and 16K
