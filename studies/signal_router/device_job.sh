@@ -20,6 +20,9 @@
 #   4. heldout_report.py: the merged table, the bars and the Pareto plot (report/real_model_1.5b_heldout_eval.*);
 #      input_auc.py: what each signal input predicts on the validation rows and, reported only, the held-out ones
 #
+# JOB=ssa_prefix measures the signal features of the validation rows and (reported only) of the first 20 held-out
+# rows of each RULER and code cell at 8K / 16K with every head on SSA: what a decision read after an all-SSA prefix
+# (then re-run with the floor when it flags the prompt) would see.
 # JOB=prompt_teacher runs the next step instead: the floor chosen on validation rows (select_floor.py's rule over the
 # search path's points at MSR 0.3 / 0.4 / 0.5 on the broad and code validation cells), the per-prompt teacher trained with
 # that floor (configs/qwen2.5_coder_1.5b_broad_prompt_teacher_head_set.yaml) beside the paper's per-head routers on the
@@ -67,7 +70,20 @@ table --suite ruler --tasks all --lengths 32k --samples 20 --rows $c/ruler --mod
   --out ruler_32k &
 REST
     }
-    if [ "$JOB" = prompt_teacher ]; then
+    if [ "$JOB" = ssa_prefix ]; then
+    cat > chain.sh <<CHAIN
+set -u
+cd $RUN
+export PYTHONPATH=$RUN/src:$study
+python3 $study/features.py --model $MODEL --all-ssa --cells $c/broad $c/code_val --seed 777 --samples 12 \
+  --out features_val_ssa.jsonl > features_val_ssa.log 2>&1 &
+(python3 $study/features.py --model $MODEL --all-ssa --cells $c/ruler --seed 0 --samples 20 --lengths 8192,16384 \
+  --out features_ruler_ssa.jsonl > features_ruler_ssa.log 2>&1
+ python3 $study/features.py --model $MODEL --all-ssa --cells $c/code --seed 0 --samples 20 --lengths 8192,16384 \
+  --out features_code_ssa.jsonl > features_code_ssa.log 2>&1) &
+wait
+CHAIN
+    elif [ "$JOB" = prompt_teacher ]; then
     cat > chain.sh <<CHAIN
 set -u
 cd $RUN
@@ -168,7 +184,8 @@ CHAIN
     for log in *.log; do echo "== $log"; tr '\r' '\n' < "$log" | grep -v '^$' | tail -n 2 | cut -c1-300; done
     tar czf "$OUT/signal_router.tgz" --exclude=cells --exclude=src --exclude=studies --exclude=shipped --exclude=run --exclude=run_per_head \
       --exclude='*.json' --exclude=chain.sh . 2>/dev/null
-    tar czf "$OUT/signal_router_json.tgz" selected/selection.json selected/adapter floor.json run/router run/metrics.csv \
+    gzip -kf features_*ssa.jsonl 2>/dev/null
+    tar czf "$OUT/signal_router_json.tgz" features_*ssa.jsonl.gz selected/selection.json selected/adapter floor.json run/router run/metrics.csv \
       run/summary.json run_per_head/router run_per_head/metrics.csv run_per_head/summary.json */eval.json report 2>/dev/null
     ls -la "$OUT"
     pgrep -f "bash chain.sh" > /dev/null || echo finished ;;

@@ -1,5 +1,6 @@
 """Per row, the retrieval signal of every layer and KV head, for a few query counts, with the model running a fixed
-head set (the floor set whose heads a signal router's layers before its decision layer run).
+head set (the floor set whose heads a signal router's layers before its decision layer run), or every head on SSA
+(--all-ssa: what a decision read after an all-SSA prefix would see).
 
     python studies/signal_router/features.py --model MODEL --head-set FILE --msr 0.5 \
         --cells CELLS/broad CELLS/code_val --seed 777 --samples 12 --queries 1,16,64 --out features.jsonl
@@ -53,10 +54,15 @@ def main() -> None:
     parser.add_argument("--samples", type=int, required=True, help="rows read from each cell")
     parser.add_argument("--seed", type=int, required=True, help="the cells' seed")
     parser.add_argument("--queries", default="1,16,64", help="comma list of trailing query counts")
-    parser.add_argument("--head-set", required=True, help="a head-set file (search-heads); its set at --msr runs")
+    parser.add_argument("--head-set", help="a head-set file (search-heads); its set at --msr runs")
     parser.add_argument("--msr", type=float, default=0.5)
+    parser.add_argument("--all-ssa", action="store_true", help="every head on SSA instead of a head set (the signal a "
+                                                                "decision after an all-SSA prefix would read)")
+    parser.add_argument("--lengths", help="comma list of the cell lengths read (tokens); default: every cell")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.all_ssa == bool(args.head_set):
+        parser.error("give either --head-set (its set at --msr runs) or --all-ssa")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import elastic_attention as ea
@@ -71,13 +77,15 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
     ea.attach(model, ea.ElasticConfig(block_size=BLOCK, sink_tokens=SINK, local_tokens=LOCAL))
-    ea.force_routing(model, read_head_sets(args.head_set).at(args.msr))
+    ea.force_routing(model, "sparse" if args.all_ssa else read_head_sets(args.head_set).at(args.msr))
     store: dict[int, torch.Tensor] = {}
     install_capture(model, store, counts)
     started = time.time()
     with open(args.out, "w") as out:
         for folder in args.cells:
             for task, length, rows in read_cells(folder, seed=args.seed, samples=args.samples, tokenizer=tokenizer):
+                if args.lengths and length not in {int(value) for value in args.lengths.split(",")}:
+                    continue
                 kind = suite_of(task).kind(task)
                 for index, row in enumerate(rows):
                     ids = torch.tensor([encode_row(tokenizer, row).prompt_ids], device=device)
