@@ -37,6 +37,9 @@ from select_router import labelled, read_features, read_scores
 NEEDY = {"niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "passkey", "multikey", "multivalue",
          "find_definition"}
 KEPT = {"ruler_cwe", "ruler_fwe", "next_line", "recent_fact", "pattern", "recent_definition"}
+_RULER = {"niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe"}
+#: Qwen2.5's head width (the key projection's rows are KV heads times this).
+HEAD_DIM = 128
 LENGTHS = (8192, 16384)
 #: Token ids kept at each end of a prompt (the largest pool any run of this script reads).
 BOUNDARY = 400
@@ -127,7 +130,7 @@ def main() -> None:
     started = time.time()
     weights = layer0_key_weights(args.gguf)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    kv_heads = weights["model.layers.0.self_attn.k_proj.weight"].shape[0] // 128
+    kv_heads = weights["model.layers.0.self_attn.k_proj.weight"].shape[0] // HEAD_DIM
 
     def boundary_ids(folder: str, seed: int, samples: int) -> dict:
         """(task, length, index) -> the prompt's first and last `BOUNDARY` token ids (all of a shorter prompt)."""
@@ -190,7 +193,7 @@ def main() -> None:
     full = {(cell["task"], cell["length"]): cell["row_accuracy"]
             for cell in json.loads(Path(args.heldout_eval).read_text())["results"] if cell["mode"] == "full"}
     keys, labels = [], []
-    for (task, length, index), value in sorted(heldout_keys.items()):
+    for task, length, index in sorted(heldout_keys):
         answered = (task, length) in full and index < len(full[(task, length)]) and full[(task, length)][index] >= 0.5
         if task in KEPT or (task in NEEDY and answered):
             keys.append((task, length, index))
@@ -207,9 +210,6 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in validation.items() if k != "sparse_share_by_task"}, indent=1))
     print(json.dumps(heldout, indent=1))
-
-
-_RULER = {"niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe"}
 
 
 def _shares(cells: list[tuple[str, int]], sparse: torch.Tensor) -> dict:
