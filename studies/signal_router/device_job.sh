@@ -21,8 +21,8 @@
 #      input_auc.py: what each signal input predicts on the validation rows and, reported only, the held-out ones
 #
 # JOB=ssa_prefix measures the signal features of the validation rows and (reported only) of the first 20 held-out
-# rows of each RULER and code cell at 8K / 16K with every head on SSA: what a decision read after an all-SSA prefix
-# (then re-run with the floor when it flags the prompt) would see.
+# rows of each RULER and code cell at 8K / 16K with every head on SSA (VAL_SAMPLES: validation rows a cell, 12): what
+# a decision read after an all-SSA prefix# (then re-run with the floor when it flags the prompt) would see.
 # JOB=prompt_teacher runs the next step instead: the floor chosen on validation rows (select_floor.py's rule over the
 # search path's points at MSR 0.3 / 0.4 / 0.5 on the broad and code validation cells), the per-prompt teacher trained with
 # that floor (configs/qwen2.5_coder_1.5b_broad_prompt_teacher_head_set.yaml) beside the paper's per-head routers on the
@@ -36,6 +36,7 @@ JOB=${JOB:-signal}
 PER_HEAD=${PER_HEAD:-1}
 FLOOR=${FLOOR:-}
 TRAIN_SECONDS=${TRAIN_SECONDS:-240}
+VAL_SAMPLES=${VAL_SAMPLES:-12}
 MODEL=${MODEL:-/tmp/qwen2.5-coder-1.5b-instruct}
 SHIPPED=${SHIPPED:-src/elastic_attention/assets/routers/qwen2.5-coder-1.5b-instruct}
 HEAD_SET=${HEAD_SET:-benchmarks/results/real_model_1.5b_head_set_search_2026-12-03.json}
@@ -75,7 +76,7 @@ REST
 set -u
 cd $RUN
 export PYTHONPATH=$RUN/src:$study
-python3 $study/features.py --model $MODEL --all-ssa --cells $c/broad $c/code_val --seed 777 --samples 12 \
+python3 $study/features.py --model $MODEL --all-ssa --cells $c/broad $c/code_val --seed 777 --samples $VAL_SAMPLES \
   --out features_val_ssa.jsonl > features_val_ssa.log 2>&1 &
 (python3 $study/features.py --model $MODEL --all-ssa --cells $c/ruler --seed 0 --samples 20 --lengths 8192,16384 \
   --out features_ruler_ssa.jsonl > features_ruler_ssa.log 2>&1
