@@ -22,7 +22,7 @@
 #
 # JOB=ssa_prefix measures the signal features of the validation rows and (reported only) of the first 20 held-out
 # rows of each RULER and code cell at 8K / 16K with every head on SSA (VAL_SAMPLES: validation rows a cell, 12): what
-# a decision read after an all-SSA prefix# (then re-run with the floor when it flags the prompt) would see.
+# a decision read after an all-SSA prefix (then re-run with the floor when it flags the prompt) would see.
 # JOB=prompt_teacher runs the next step instead: the floor chosen on validation rows (select_floor.py's rule over the
 # search path's points at MSR 0.3 / 0.4 / 0.5 on the broad and code validation cells), the per-prompt teacher trained with
 # that floor (configs/qwen2.5_coder_1.5b_broad_prompt_teacher_head_set.yaml) beside the paper's per-head routers on the
