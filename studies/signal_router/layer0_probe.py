@@ -69,7 +69,8 @@ def pooled_keys(ids: list[int], weights: dict, first: int, last: int, kv_heads: 
     hidden = weights["model.embed_tokens.weight"][torch.tensor(ids)]
     hidden = hidden * torch.rsqrt(hidden.square().mean(-1, keepdim=True) + eps)
     hidden = hidden * weights["model.layers.0.input_layernorm.weight"]
-    keys = hidden @ weights["model.layers.0.self_attn.k_proj.weight"].T + weights["model.layers.0.self_attn.k_proj.bias"]
+    projection = "model.layers.0.self_attn.k_proj"
+    keys = hidden @ weights[f"{projection}.weight"].T + weights[f"{projection}.bias"]
     return keys.mean(0).view(kv_heads, -1)
 
 
@@ -104,7 +105,8 @@ def main() -> None:
     parser.add_argument("--features", required=True)
     parser.add_argument("--scores", required=True)
     parser.add_argument("--eval", nargs="*", default=[])
-    parser.add_argument("--heldout-eval", required=True, help="eval.json with full attention's rows of the held-out cells")
+    parser.add_argument("--heldout-eval", required=True,
+                        help="eval.json with full attention's rows of the held-out cells")
     parser.add_argument("--layer", type=int, default=21)
     parser.add_argument("--statistic", default="max")
     parser.add_argument("--queries", type=int, default=16)
@@ -135,7 +137,8 @@ def main() -> None:
     def boundary_ids(folder: str, seed: int, samples: int) -> dict:
         """(task, length, index) -> the prompt's first and last `BOUNDARY` token ids (all of a shorter prompt)."""
         found = {}
-        for task, length, rows in read_cells(Path(args.cells) / folder, seed=seed, samples=samples, tokenizer=tokenizer):
+        cells = read_cells(Path(args.cells) / folder, seed=seed, samples=samples, tokenizer=tokenizer)
+        for task, length, rows in cells:
             if length in LENGTHS:
                 for index, row in enumerate(rows):
                     ids = encode_row(tokenizer, row).prompt_ids
@@ -172,7 +175,8 @@ def main() -> None:
         held = order[fold::args.folds]
         kept = torch.ones(len(records), dtype=torch.bool)
         kept[held] = False
-        crossed[held] = floor_probability(fit(inputs[kept], teacher[kept], args.steps, fold, args.weight_decay), inputs[held])
+        router = fit(inputs[kept], teacher[kept], args.steps, fold, args.weight_decay)
+        crossed[held] = floor_probability(router, inputs[held])
     positives = crossed[teacher].sort().values
     threshold = float(positives[int((1 - args.recall) * len(positives))])
     sparse = crossed < threshold
