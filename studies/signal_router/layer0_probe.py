@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 from input_auc import auc
-from select_router import labelled, read_features, read_scores
+from select_router import add_validation_arguments, validation_rows
 
 #: Held-out tasks whose rows need the far context when full attention answers them, and those all-SSA keeps.
 NEEDY = {"niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "passkey", "multikey", "multivalue",
@@ -64,14 +64,17 @@ def layer0_key_weights(gguf: str) -> dict[str, torch.Tensor]:
 
 
 def pooled_keys(ids: list[int], weights: dict, first: int, last: int, kv_heads: int, eps: float) -> torch.Tensor:
-    """[Hkv, D] float32: layer 0's pre-RoPE keys pooled over the first ``first`` and last ``last`` tokens of ``ids``."""
-    ids = ids if len(ids) <= first + last else ids[:first] + ids[len(ids) - last:]
+    """[Hkv, D] float32: layer 0's pre-RoPE keys of ``ids`` pooled by `boundary_pool` over the first ``first`` and
+    last ``last`` tokens."""
+    from elastic_attention.patterns import SequenceLayout
+    from elastic_attention.router.pooling import boundary_pool
+
     hidden = weights["model.embed_tokens.weight"][torch.tensor(ids)]
     hidden = hidden * torch.rsqrt(hidden.square().mean(-1, keepdim=True) + eps)
     hidden = hidden * weights["model.layers.0.input_layernorm.weight"]
     projection = "model.layers.0.self_attn.k_proj"
     keys = hidden @ weights[f"{projection}.weight"].T + weights[f"{projection}.bias"]
-    return keys.mean(0).view(kv_heads, -1)
+    return boundary_pool(keys.view(1, len(ids), kv_heads, -1), SequenceLayout.dense(1, len(ids)), first, last)[0]
 
 
 def fit(inputs: torch.Tensor, labels: torch.Tensor, steps: int, seed: int, weight_decay: float = 0.0):
@@ -102,9 +105,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--cells", required=True, help="folder with broad/ and code_val/ (seed 777), ruler/ and code/ "
                                                        "(seed 0)")
-    parser.add_argument("--features", required=True)
-    parser.add_argument("--scores", required=True)
-    parser.add_argument("--eval", nargs="*", default=[])
+    add_validation_arguments(parser, scores_required=True)
     parser.add_argument("--heldout-eval", required=True,
                         help="eval.json with full attention's rows of the held-out cells")
     parser.add_argument("--layer", type=int, default=21)
@@ -119,7 +120,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--validation-only", action="store_true", help="no held-out row is read (for choosing)")
-    parser.add_argument("--margin", type=float, default=0.5)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if max(args.pool_first, args.pool_last) > BOUNDARY:
@@ -163,7 +163,7 @@ def main() -> None:
     print(f"pooled keys of {len(validation_keys)} validation and {len(heldout_keys)} held-out rows, "
           f"{time.time() - started:.0f} s", flush=True)
 
-    records, need, signal = labelled(read_features(args.features), read_scores(args.scores, args.eval), args.margin)
+    records, need, signal = validation_rows(args)
     first = records[0]
     statistic, count = first["statistics"].index(args.statistic), first["queries"].index(args.queries)
     teacher = signal[:, statistic, count, args.layer].amax(dim=-1) >= args.threshold

@@ -57,6 +57,20 @@ def labelled(records: list[dict], scores: dict, margin: float) -> tuple[list[dic
     return kept, need, signal
 
 
+def add_validation_arguments(parser, scores_required: bool = False) -> None:
+    """--features, --scores, --eval and --margin: the validation rows `validation_rows` reads."""
+    parser.add_argument("--features", required=True, help="features.py output (.jsonl or .jsonl.gz)")
+    parser.add_argument("--scores", required=scores_required,
+                        help='JSON {"task|length|index": {mode: score}} of validation rows')
+    parser.add_argument("--eval", nargs="*", default=[], help="eval.json files of validation rows (row_accuracy)")
+    parser.add_argument("--margin", type=float, default=0.5, help="full minus all-SSA that marks a needy row")
+
+
+def validation_rows(args) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
+    """`labelled` on the rows named by `add_validation_arguments`' arguments."""
+    return labelled(read_features(args.features), read_scores(args.scores, args.eval), args.margin)
+
+
 def sets_for(floor: torch.Tensor, layer: int) -> torch.Tensor:
     """[2, layers, Hkv] bool: the floor set, and the floor set with every layer from ``layer`` on sparse."""
     sparse = floor.clone()
@@ -66,13 +80,10 @@ def sets_for(floor: torch.Tensor, layer: int) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--features", required=True, help="features.py output for the validation rows")
-    parser.add_argument("--scores", help='JSON {"task|length|index": {mode: score}} of validation rows')
-    parser.add_argument("--eval", nargs="*", default=[], help="eval.json files of validation rows (row_accuracy)")
+    add_validation_arguments(parser)
     parser.add_argument("--head-set", required=True)
     parser.add_argument("--msr", type=float, default=0.5)
     parser.add_argument("--recall", type=float, default=0.98)
-    parser.add_argument("--margin", type=float, default=0.5, help="full minus all-SSA that marks a needy row")
     parser.add_argument("--model", help="the model folder (to write the adapter); none: selection only")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from input_auc import auc
-from select_router import labelled, read_features, read_scores
+from select_router import add_validation_arguments, validation_rows
 
 THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 SET_MSRS = (0.5, 0.6, 0.7, 0.8)
@@ -32,17 +32,14 @@ SET_MSRS = (0.5, 0.6, 0.7, 0.8)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--features", required=True, help="features.py output (.jsonl or .jsonl.gz)")
-    parser.add_argument("--scores", help='JSON {"task|length|index": {mode: score}} of validation rows')
-    parser.add_argument("--eval", nargs="*", default=[], help="eval.json files of validation rows")
+    add_validation_arguments(parser)
     parser.add_argument("--head-set", required=True)
-    parser.add_argument("--margin", type=float, default=0.5)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     from elastic_attention.head_sets import read_head_sets
     from elastic_attention.training.signal_teacher import sparsest_covering_set
 
-    records, need, signal = labelled(read_features(args.features), read_scores(args.scores, args.eval), args.margin)
+    records, need, signal = validation_rows(args)
     if not records:
         raise SystemExit("no validation row has both features and full / all-SSA scores")
     head_sets = read_head_sets(args.head_set)

@@ -38,7 +38,7 @@ def test_pooled_keys_match_the_models_layer0_keys_pooled_by_the_library(length, 
     expected = boundary_pool(keys, SequenceLayout.dense(1, length), first, last)[0]
     weights = {name: value for name, value in model.state_dict().items()}
     got = pooled_keys(ids[0].tolist(), weights, first, last, kv_heads=3, eps=1e-6)
-    torch.testing.assert_close(got, expected.double(), rtol=1e-5, atol=1e-6)  # boundary_pool: float32
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)  # boundary_pool: float32
 
 
 def test_fit_learns_a_label_that_one_key_dimension_carries_and_ranks_fresh_inputs_by_it():
