@@ -71,11 +71,13 @@ table --suite ruler --tasks all --lengths 32k --samples 20 --rows $c/ruler --mod
   --out ruler_32k &
 REST
     }
-    if [ "$JOB" = ssa_prefix ]; then
     cat > chain.sh <<CHAIN
 set -u
 cd $RUN
 export PYTHONPATH=$RUN/src:$study
+CHAIN
+    if [ "$JOB" = ssa_prefix ]; then
+    cat >> chain.sh <<CHAIN
 python3 $study/features.py --model $MODEL --all-ssa --cells $c/broad $c/code_val --seed 777 --samples $VAL_SAMPLES \
   --out features_val_ssa.jsonl > features_val_ssa.log 2>&1 &
 (python3 $study/features.py --model $MODEL --all-ssa --cells $c/ruler --seed 0 --samples 20 --lengths 8192,16384 \
@@ -85,10 +87,7 @@ python3 $study/features.py --model $MODEL --all-ssa --cells $c/broad $c/code_val
 wait
 CHAIN
     elif [ "$JOB" = prompt_teacher ]; then
-    cat > chain.sh <<CHAIN
-set -u
-cd $RUN
-export PYTHONPATH=$RUN/src:$study
+    cat >> chain.sh <<CHAIN
 if [ -n "$FLOOR" ]; then msr=$FLOOR; echo "floor MSR \$msr (set by FLOOR, not measured)" > select_floor.log; else
 $cli eval --model $MODEL --router $RUN/shipped --suite broad --tasks all --lengths 8k,16k --samples 12 --seed 777 \
   --rows $c/broad --modes heads@0.4 --head-set $heads --out floor_broad > floor_broad.log 2>&1 &
@@ -133,10 +132,7 @@ $(rest_of_table)
 wait
 CHAIN
     else
-    cat > chain.sh <<CHAIN
-set -u
-cd $RUN
-export PYTHONPATH=$RUN/src:$study
+    cat >> chain.sh <<CHAIN
 python3 $study/features.py --model $MODEL --head-set $heads --cells $c/broad $c/code_val --seed 777 --samples 12 \
   --out features_val.jsonl > features_val.log 2>&1 &
 $cli eval --model $MODEL --router $RUN/shipped --suite code --tasks all --lengths 8k,16k --samples 12 --seed 777 \
